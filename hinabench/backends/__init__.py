@@ -1,0 +1,56 @@
+"""The backend registry. A new backend is one module here, listed in _MODULES."""
+from __future__ import annotations
+
+import importlib
+
+from ..errors import UserError
+from .base import Backend, Unsupported
+
+REGISTRY: dict[str, type[Backend]] = {}
+IMPORT_ERRORS: dict[str, str] = {}
+_MODULES = ["torch_naive", "onednn", "hina"]
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def _load() -> None:
+    if REGISTRY or IMPORT_ERRORS:
+        return
+    for mod in _MODULES:
+        try:
+            importlib.import_module(f"{__name__}.{mod}")
+        except Exception as e:  # a broken backend must not take the harness down
+            IMPORT_ERRORS[mod] = f"{type(e).__name__}: {e}"
+
+
+def names() -> list[str]:
+    _load()
+    return list(REGISTRY)
+
+
+def resolve(spec: str) -> list[str]:
+    """'all', 'torch,onednn' or 'onednn:prepacked' -> registry names. A family name means all of
+    its variants."""
+    _load()
+    if spec.strip() in ("", "all"):
+        return list(REGISTRY)
+    out: list[str] = []
+    for part in (s.strip() for s in spec.split(",")):
+        if not part:
+            continue
+        hits = [n for n in REGISTRY if n == part or n.split(":")[0] == part]
+        if not hits:
+            raise UserError(f"unknown backend '{part}'; known: {', '.join(REGISTRY)}")
+        out += [h for h in hits if h not in out]
+    return out
+
+
+def get(name: str) -> type[Backend]:
+    _load()
+    return REGISTRY[name]
+
+
+__all__ = ["Backend", "Unsupported", "REGISTRY", "register", "resolve", "get", "names"]

@@ -1,0 +1,57 @@
+"""The backend interface: every kernel hinabench times, ours and the peers', is one of these.
+
+The runner drives a backend as:  availability() -> prepare(data) [timed apart] -> run(group) ...
+and checks `run`'s output against the float32 reference on the same problem before timing it.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+from ..problem import ProblemData
+
+
+class Unsupported(Exception):
+    """This backend cannot run this problem on this machine (a row with status `unsupported`)."""
+
+
+class Backend(ABC):
+    name: ClassVar[str]            # registry key, "family:variant" where there are variants
+    description: ClassVar[str]     # one line a reader can trust: what code path this is
+    dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.data: ProblemData | None = None
+
+    @classmethod
+    def availability(cls) -> tuple[bool, str]:
+        """(True, "") if it can run in this process; else (False, why / how to get it)."""
+        return True, ""
+
+    def supports(self, data: ProblemData) -> None:
+        """Raise Unsupported with the reason if this problem is out of reach."""
+        if data.problem.dtype not in self.dtypes:
+            raise Unsupported(f"{self.name} has no {data.problem.dtype} path "
+                              f"(it has: {', '.join(self.dtypes)})")
+
+    def prepare(self, data: ProblemData) -> None:
+        """Layout conversion and other one-time work; the runner times it apart from `run`."""
+        self.supports(data)
+        self.data = data
+
+    @abstractmethod
+    def run(self, group: int) -> torch.Tensor:
+        """One MoE FFN call on rotation group `group`; returns out [T, H]."""
+
+    def extra_bytes(self) -> int:
+        """Bytes this backend allocated beyond the problem's own tensors (packed copies, ...)."""
+        return 0
+
+    def versions(self) -> dict[str, str]:
+        return {"torch": torch.__version__}
+
+    def close(self) -> None:
+        self.data = None

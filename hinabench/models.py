@@ -1,0 +1,63 @@
+"""The model registry: the expert-FFN and attention shapes of the MoE models the paper evaluates.
+
+Every field comes from the model's public `config.json` on the Hugging Face Hub (the file named in
+`source`). A new model is one entry in MODELS.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    hidden_size: int          # H: rows of w_down, columns of w_gate / w_up
+    intermediate_size: int    # I: the routed expert's intermediate size (moe_intermediate_size)
+    routed_experts: int       # E
+    top_k: int                # experts per token
+    shared_experts: int
+    layers: int
+    attention_heads: int
+    kv_heads: int
+    head_dim: int
+    vocab_size: int
+    source: str               # the public config the numbers come from
+
+    def expert_bytes(self, bytes_per_weight: float = 2.0) -> int:
+        """Bytes of one routed expert's three matrices (gate, up: I x H; down: H x I)."""
+        return int(3 * self.hidden_size * self.intermediate_size * bytes_per_weight)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+MODELS: dict[str, Model] = {m.name: m for m in [
+    # Paper Table 3 (FFN kernel evaluation)
+    Model("mixtral-8x7b", 4096, 14336, 8, 2, 0, 32, 32, 8, 128, 32000,
+          "mistralai/Mixtral-8x7B-v0.1/config.json"),
+    Model("mixtral-8x22b", 6144, 16384, 8, 2, 0, 56, 48, 8, 128, 32768,
+          "mistralai/Mixtral-8x22B-v0.1/config.json"),
+    # DeepSeek-V3 uses MLA: head_dim is qk_nope_head_dim + qk_rope_head_dim = 128 + 64 (v: 128);
+    # the first 3 of its 61 layers are dense (first_k_dense_replace = 3).
+    Model("deepseek-v3", 7168, 2048, 256, 8, 1, 61, 128, 128, 192, 129280,
+          "deepseek-ai/DeepSeek-V3/config.json"),
+    Model("qwen3-235b-a22b", 4096, 1536, 128, 8, 0, 94, 64, 4, 128, 151936,
+          "Qwen/Qwen3-235B-A22B/config.json"),
+    # The paper's end-to-end models
+    Model("qwen3-30b-a3b", 2048, 768, 128, 8, 0, 48, 32, 4, 128, 151936,
+          "Qwen/Qwen3-30B-A3B/config.json"),
+    # Qwen2-57B-A14B's shared expert has intermediate size 20480 (shared_expert_intermediate_size).
+    Model("qwen2-57b-a14b", 3584, 2560, 64, 8, 1, 28, 28, 4, 128, 151936,
+          "Qwen/Qwen2-57B-A14B/config.json"),
+]}
+
+
+class UnknownModel(ValueError):
+    pass
+
+
+def get_model(name: str) -> Model:
+    key = name.strip().lower()
+    if key not in MODELS:
+        raise UnknownModel(f"unknown model '{name}'; known models: {', '.join(MODELS)}")
+    return MODELS[key]

@@ -1,0 +1,196 @@
+"""The one FFN problem definition, shared by the tests, the benchmarks and every backend.
+
+An `FFNProblem` is a model's expert shapes, `tokens_per_expert` T (the paper's Figure 10 x-axis),
+the number of active experts A (default: the model's top-k) and a dtype. All T tokens are routed to
+the same A experts, each token through all A of them (in a per-token random order of top-k slots),
+with random positive routing weights that sum to 1 per token.
+
+Weights are stored as frameworks store them: `w13 [E, 2I, H]` (gate rows then up rows of each expert,
+out x in, row-major like nn.Linear), of which `w_gate` and `w_up [E, I, H]` are views, and
+`w_down [E, H, I]`.
+
+Cache policy (rotation): the weights must stream from DRAM, never sit in the last-level cache.
+If one call's active experts already span at least 4x the LLC, one group of A experts is allocated:
+nothing of it survives until the next call. Otherwise R = 1 + ceil(2 * LLC / active_bytes) disjoint
+groups of A experts are allocated and calls rotate through them, so at least two LLCs' worth of other
+weights stream between two uses of the same expert.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from .errors import UserError
+from .models import Model, get_model
+
+DTYPES = {"bf16": torch.bfloat16}
+WEIGHT_BYTES = {"bf16": 2.0}
+
+
+@dataclass(frozen=True)
+class FFNProblem:
+    model: Model
+    tokens_per_expert: int
+    active_experts: int
+    dtype: str = "bf16"
+    seed: int = 0
+
+    @classmethod
+    def create(cls, model: str | Model, tokens_per_expert: int, active_experts: int | None = None,
+               dtype: str = "bf16", seed: int = 0) -> "FFNProblem":
+        m = model if isinstance(model, Model) else get_model(model)
+        p = cls(m, int(tokens_per_expert), int(active_experts or m.top_k), dtype, int(seed))
+        p.validate()
+        return p
+
+    @classmethod
+    def custom(cls, hidden_size: int, intermediate_size: int, tokens_per_expert: int,
+               active_experts: int, routed_experts: int | None = None, dtype: str = "bf16",
+               seed: int = 0) -> "FFNProblem":
+        """A problem on a made-up shape (tests, random shapes)."""
+        m = Model(f"custom-{hidden_size}x{intermediate_size}", hidden_size, intermediate_size,
+                  routed_experts or active_experts, active_experts, 0, 1, 1, 1, 1, 1, "made up")
+        return cls.create(m, tokens_per_expert, active_experts, dtype, seed)
+
+    def validate(self) -> None:
+        if self.tokens_per_expert < 1:
+            raise UserError(f"tokens per expert must be at least 1 (got {self.tokens_per_expert})")
+        if self.active_experts < 1:
+            raise UserError(f"active experts must be at least 1 (got {self.active_experts})")
+        if self.active_experts > self.model.routed_experts:
+            raise UserError(f"{self.active_experts} active experts asked, but {self.model.name} has "
+                            f"{self.model.routed_experts} routed experts")
+        if self.dtype not in DTYPES:
+            raise UserError(f"unknown dtype '{self.dtype}'; known: {', '.join(DTYPES)}")
+        if self.model.hidden_size < 1 or self.model.intermediate_size < 1:
+            raise UserError("hidden and intermediate sizes must be positive")
+
+    # ---- sizes ------------------------------------------------------------------------------------
+    @property
+    def H(self) -> int:
+        return self.model.hidden_size
+
+    @property
+    def I(self) -> int:  # noqa: E743 - the paper's name
+        return self.model.intermediate_size
+
+    @property
+    def T(self) -> int:
+        return self.tokens_per_expert
+
+    @property
+    def A(self) -> int:
+        return self.active_experts
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one call must read: the A active experts' three matrices."""
+        return int(self.A * 3 * self.H * self.I * WEIGHT_BYTES[self.dtype])
+
+    @property
+    def flops(self) -> int:
+        """2 FLOP per multiply-add: T tokens x A experts x (gate + up + down)."""
+        return 2 * self.T * self.A * 3 * self.H * self.I
+
+    def rotation_groups(self, llc_bytes: int) -> int:
+        active = self.weight_bytes
+        if active >= 4 * llc_bytes:
+            return 1
+        return 1 + math.ceil(2 * llc_bytes / active)
+
+    def allocated_bytes(self, groups: int) -> int:
+        return groups * self.weight_bytes + 4 * self.T * self.H * 4
+
+    def key(self) -> dict:
+        return {"model": self.model.name, "dtype": self.dtype, "tokens_per_expert": self.T,
+                "experts": self.A, "hidden_size": self.H, "intermediate_size": self.I}
+
+    def __str__(self) -> str:
+        return f"{self.model.name} T={self.T} A={self.A} {self.dtype}"
+
+
+def _seed(seed: int, what: str) -> int:
+    return (seed * 1_000_003 + sum(ord(c) * 31 ** i for i, c in enumerate(what))) & (2**63 - 1)
+
+
+@dataclass
+class ProblemData:
+    """A problem's tensors, materialised: what every in-process backend runs on."""
+    problem: FFNProblem
+    groups: int
+    x: torch.Tensor                 # [T, H] bf16
+    w13: torch.Tensor               # [E_alloc, 2I, H]
+    w_down: torch.Tensor            # [E_alloc, H, I]
+    topk_ids: list[torch.Tensor]    # per rotation group: [T, A] int32
+    topk_weights: torch.Tensor      # [T, A] float32, positive, rows sum to 1
+    _reference: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def w_gate(self) -> torch.Tensor:
+        return self.w13[:, : self.problem.I]
+
+    @property
+    def w_up(self) -> torch.Tensor:
+        return self.w13[:, self.problem.I:]
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
+
+    def group_experts(self, group: int) -> range:
+        A = self.problem.A
+        return range(group * A, (group + 1) * A)
+
+    def group_buffers(self, group: int) -> list[tuple[int, int]]:
+        """(address, bytes) of the weights group `group` reads: for the same-buffer read probe."""
+        e = self.group_experts(group)
+        out = []
+        for w in (self.w13, self.w_down):
+            part = w[e.start:e.stop]
+            out.append((part.data_ptr(), part.numel() * part.element_size()))
+        return out
+
+    def reference(self, group: int = 0) -> torch.Tensor:
+        from .reference import moe_ffn_reference
+        if group not in self._reference:
+            self._reference[group] = moe_ffn_reference(
+                self.x, self.w_gate, self.w_up, self.w_down, self.topk_ids[group], self.topk_weights)
+        return self._reference[group]
+
+
+def fill_bf16(t: torch.Tensor, seed: int, scale: float) -> None:
+    """Fill a contiguous bf16 tensor from a counter-based hash (fast, and the same in every process)."""
+    from . import _C
+    assert t.dtype == torch.bfloat16 and t.is_contiguous()
+    _C.fill_bf16(t.data_ptr(), t.numel(), seed, scale, torch.get_num_threads())
+
+
+def materialize(problem: FFNProblem, llc_bytes: int | None = None, rotate: bool = True) -> ProblemData:
+    """Allocate and fill a problem's tensors. `rotate=False` allocates one group (tests)."""
+    from .sysinfo import llc_bytes as detect_llc
+    p = problem
+    groups = p.rotation_groups(llc_bytes or detect_llc()) if rotate else 1
+    E = groups * p.A
+    dt = DTYPES[p.dtype]
+    w13 = torch.empty(E, 2 * p.I, p.H, dtype=dt)
+    w_down = torch.empty(E, p.H, p.I, dtype=dt)
+    # Magnitudes ~ 1/sqrt(fan-in), so activations stay O(1) through the FFN.
+    fill_bf16(w13, _seed(p.seed, "w13"), 1.0 / math.sqrt(p.H))
+    fill_bf16(w_down, _seed(p.seed, "w_down"), 1.0 / math.sqrt(p.I))
+    g = torch.Generator().manual_seed(_seed(p.seed, "tokens"))
+    x = torch.randn(p.T, p.H, generator=g).to(dt)
+    w = torch.rand(p.T, p.A, generator=g) + 0.05
+    topk_weights = (w / w.sum(dim=1, keepdim=True)).float().contiguous()
+    ids = []
+    for r in range(groups):
+        order = torch.argsort(torch.rand(p.T, p.A, generator=g), dim=1)
+        ids.append((order + r * p.A).to(torch.int32).contiguous())
+    return ProblemData(p, groups, x, w13, w_down, ids, topk_weights)
+
+
+def with_tokens(problem: FFNProblem, tokens: int) -> FFNProblem:
+    p = replace(problem, tokens_per_expert=tokens)
+    p.validate()
+    return p

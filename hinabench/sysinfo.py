@@ -1,0 +1,203 @@
+"""What the machine is, measured and printed before any figure (LIKWID's topology-first habit).
+
+`fingerprint()` is stored with every result row; `summary()` is its one-line form for notes and
+figure captions.
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import os
+import platform
+import re
+import subprocess
+from pathlib import Path
+
+ISA_FLAGS = ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_tile", "amx_bf16",
+             "amx_int8"]
+
+
+def _read(path: str, default: str = "") -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return default
+
+
+def parse_size(text: str) -> int:
+    """'32768K' / '1024 kB' / '32M' -> bytes."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, re.I)
+    if not m:
+        return 0
+    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
+
+
+def parse_cpulist(text: str) -> list[int]:
+    out: list[int] = []
+    for part in filter(None, text.strip().split(",")):
+        a, _, b = part.partition("-")
+        out += range(int(a), int(b or a) + 1)
+    return out
+
+
+def cpu_identity() -> dict:
+    info: dict = {}
+    for line in _read("/proc/cpuinfo").splitlines():
+        k, _, v = line.partition(":")
+        k, v = k.strip(), v.strip()
+        if k in ("vendor_id", "model name", "cpu family", "model", "stepping") and k not in info:
+            info[k] = v
+        if k == "processor" and "vendor_id" in info:
+            break
+    return {"vendor": info.get("vendor_id", platform.processor() or "unknown"),
+            "model_name": info.get("model name", "unknown"),
+            "family": int(info.get("cpu family", 0) or 0), "model": int(info.get("model", 0) or 0)}
+
+
+def caches() -> dict:
+    """Data/unified caches of cpu0 by level: {'L1d': bytes, 'L2': bytes, 'L3': bytes}."""
+    out = {}
+    for d in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+        level, kind = _read(f"{d}/level"), _read(f"{d}/type")
+        if kind == "Instruction":
+            continue
+        name = f"L{level}" + ("d" if kind == "Data" else "")
+        out[name] = parse_size(_read(f"{d}/size"))
+    return out
+
+
+def llc_bytes() -> int:
+    c = caches()
+    return max(c.values()) if c else 32 << 20
+
+
+def topology() -> dict:
+    cpus = sorted(os.sched_getaffinity(0))
+    cores, sockets = set(), set()
+    for c in parse_cpulist(_read("/sys/devices/system/cpu/online", "0")):
+        pkg = _read(f"/sys/devices/system/cpu/cpu{c}/topology/physical_package_id", "0")
+        core = _read(f"/sys/devices/system/cpu/cpu{c}/topology/core_id", str(c))
+        sockets.add(pkg)
+        cores.add((pkg, core))
+    return {"sockets": len(sockets), "cores": len(cores), "threads": os.cpu_count() or len(cpus),
+            "usable_cpus": cpus}
+
+
+def numa_nodes() -> list[dict]:
+    nodes = []
+    for d in sorted(glob.glob("/sys/devices/system/node/node[0-9]*"),
+                    key=lambda p: int(p.rsplit("node", 1)[1])):
+        mem = 0
+        for line in _read(f"{d}/meminfo").splitlines():
+            if "MemTotal" in line:
+                mem = parse_size(line.split(":")[1].strip())
+        nodes.append({"node": int(d.rsplit("node", 1)[1]), "cpus": parse_cpulist(_read(f"{d}/cpulist")),
+                      "mem_bytes": mem})
+    return nodes or [{"node": 0, "cpus": topology()["usable_cpus"], "mem_bytes": meminfo()["MemTotal"]}]
+
+
+def meminfo() -> dict:
+    out = {}
+    for line in _read("/proc/meminfo").splitlines():
+        k, _, v = line.partition(":")
+        out[k] = parse_size(v.strip())
+    return out
+
+
+def thp_mode() -> str:
+    m = re.search(r"\[(\w+)\]", _read("/sys/kernel/mm/transparent_hugepage/enabled"))
+    return m.group(1) if m else "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def perf_hw_counters() -> tuple[bool, str]:
+    """Does `perf stat` count a hardware event here? (True, "") or (False, why)."""
+    try:
+        r = subprocess.run(["perf", "stat", "-x", ";", "-e", "instructions", "true"],
+                           capture_output=True, text=True, timeout=20)
+    except FileNotFoundError:
+        return False, "perf is not installed"
+    except subprocess.TimeoutExpired:
+        return False, "perf stat timed out"
+    for line in r.stderr.splitlines():
+        fields = line.split(";")
+        if len(fields) > 2 and fields[2].startswith("instructions"):
+            if fields[0].startswith("<"):
+                return False, f"perf stat: hardware events {fields[0]} on this machine"
+            return True, ""
+    return False, f"perf stat failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}"
+
+
+def isa() -> dict:
+    from . import _C
+    f = _C.cpu_features()
+    out = {k: bool(f.get(k, False)) for k in ISA_FLAGS}
+    out["amx_os_permission"] = f["amx_permission"]
+    out["amx_usable"] = bool(f["os_amx"])
+    return out
+
+
+def onednn_version() -> str:
+    import torch
+    m = re.search(r"MKL-DNN v([\d.]+)", torch.__config__.show())
+    return m.group(1) if m else "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def git_revision() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(["git", "-C", str(here), "rev-parse", "--short=10", "HEAD"],
+                             capture_output=True, text=True, timeout=5)
+        if rev.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return rev.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def fingerprint() -> dict:
+    import torch
+
+    from . import __version__
+    perf_ok, perf_why = perf_hw_counters()
+    mi = meminfo()
+    return {
+        "cpu": cpu_identity(), "topology": topology(), "caches": caches(), "isa": isa(),
+        "numa_nodes": numa_nodes(), "mem_total_bytes": mi.get("MemTotal", 0), "thp": thp_mode(),
+        "perf_hw_counters": perf_ok, "perf_reason": perf_why,
+        "kernel": platform.release(), "python": platform.python_version(),
+        "torch": torch.__version__, "onednn": onednn_version(),
+        "hinabench": __version__, "git_rev": git_revision(), "host": platform.node(),
+    }
+
+
+def machine_id(fp: dict | None = None) -> str:
+    """A short, stable name for this kind of machine: results are stored per machine."""
+    fp = fp or fingerprint()
+    c = fp["cpu"]
+    vendor = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(c["vendor"], c["vendor"].lower())
+    return f"{vendor}-f{c['family']}m{c['model']}-{fp['topology']['threads']}t-{len(fp['numa_nodes'])}n"
+
+
+def summary(fp: dict | None = None) -> str:
+    """The one-line form: for notes and figure captions."""
+    fp = fp or fingerprint()
+    c, t, i = fp["cpu"], fp["topology"], fp["isa"]
+    have = [k for k in ISA_FLAGS if i.get(k)]
+    lacks = [k for k in ("avx512f", "avx512_bf16", "amx_tile") if not i.get(k)]
+    l3 = fp["caches"].get("L3", 0) >> 20
+    return (f"{c['model_name']} (family {c['family']} model {c['model']}), {t['sockets']}S/{t['cores']}C/"
+            f"{t['threads']}T, L3 {l3} MiB, ISA {'+'.join(have) or 'none'}"
+            + (f" (no {', '.join(lacks)})" if lacks else "")
+            + f", {len(fp['numa_nodes'])} NUMA node(s), {fp['mem_total_bytes'] / 2**30:.0f} GiB, THP {fp['thp']}, "
+            f"perf hw counters {'yes' if fp['perf_hw_counters'] else 'no'}, linux {fp['kernel']}, "
+            f"torch {fp['torch']}, oneDNN {fp['onednn']}, hinabench {fp['hinabench']}@{fp['git_rev']}")
+
+
+def to_json(fp: dict | None = None) -> str:
+    return json.dumps(fp or fingerprint(), indent=2, sort_keys=False)

@@ -1,0 +1,75 @@
+// Run-time ISA detection: cpuid for what the CPU has, XCR0 and arch_prctl for what the OS allows.
+#include "common.h"
+
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace hina {
+namespace {
+
+constexpr long ARCH_GET_XCOMP_PERM = 0x1022;
+constexpr long ARCH_REQ_XCOMP_PERM = 0x1023;
+constexpr long XFEATURE_XTILEDATA = 18;
+
+uint64_t xgetbv0() {
+  uint32_t lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (uint64_t(hi) << 32) | lo;
+}
+
+CpuFeatures detect() {
+  CpuFeatures f;
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = (c >> 27) & 1;
+  f.fma = (c >> 12) & 1;
+  f.f16c = (c >> 29) & 1;
+  const uint64_t xcr0 = osxsave ? xgetbv0() : 0;
+  const bool os_avx = (xcr0 & 0x6) == 0x6;
+  f.os_avx512 = (xcr0 & 0xe6) == 0xe6;
+  __cpuid_count(7, 0, a, b, c, d);
+  f.avx2 = os_avx && ((b >> 5) & 1);
+  f.avx512f = f.os_avx512 && ((b >> 16) & 1);
+  f.avx512dq = f.os_avx512 && ((b >> 17) & 1);
+  f.avx512bw = f.os_avx512 && ((b >> 30) & 1);
+  f.avx512vl = f.os_avx512 && ((b >> 31) & 1);
+  f.avx512_vnni = f.os_avx512 && ((c >> 11) & 1);
+  f.avx512_fp16 = f.os_avx512 && ((d >> 23) & 1);
+  f.amx_bf16 = (d >> 22) & 1;
+  f.amx_tile = (d >> 24) & 1;
+  f.amx_int8 = (d >> 25) & 1;
+  unsigned max7 = a;
+  if (max7 >= 1) {
+    __cpuid_count(7, 1, a, b, c, d);
+    f.avx512_bf16 = f.os_avx512 && ((a >> 5) & 1);
+  }
+  if (f.amx_tile) {
+    long r = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
+    uint64_t perm = 0;
+    syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &perm);
+    f.os_amx = r == 0 && ((perm >> XFEATURE_XTILEDATA) & 1);
+    f.amx_permission = f.os_amx ? "granted" : "refused by the kernel (ARCH_REQ_XCOMP_PERM failed)";
+  } else {
+    f.amx_permission = "no AMX on this CPU";
+  }
+  return f;
+}
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = detect();
+  return f;
+}
+
+bool isa_usable(const std::string& isa) {
+  const auto& f = cpu_features();
+  if (isa == "scalar") return true;
+  if (isa == "avx2") return f.avx2 && f.fma;
+  if (isa == "avx512") return f.avx512f && f.avx512bw && f.avx512vl && f.avx512_bf16;
+  if (isa == "amx") return f.amx_tile && f.amx_bf16 && f.os_amx && f.avx512f && f.avx512bw;
+  return false;
+}
+
+}  // namespace hina

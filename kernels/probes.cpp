@@ -1,0 +1,128 @@
+// Roofline probes: a STREAM-like read of given buffers (ideally the kernel's own weights, in the
+// same process, just before and after its samples) and a register-only FMA loop for the compute peak.
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+
+#include "common.h"
+
+namespace hina {
+namespace {
+
+std::atomic<uint64_t> g_sink{0};
+
+uint64_t read_scalar(const uint8_t* p, size_t n) {
+  uint64_t acc = 0;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) acc ^= *reinterpret_cast<const uint64_t*>(p + i);
+  for (; i < n; ++i) acc ^= p[i];
+  return acc;
+}
+
+struct ReadVariant { const char* name; const char* isa; int mode; };
+constexpr ReadVariant kReadVariants[] = {
+    {"avx512", "avx512f", 0},        {"avx512-prefetch", "avx512f", 1},
+    {"avx512-2streams", "avx512f", 2}, {"avx2", "avx2", 0},
+    {"avx2-prefetch", "avx2", 1},    {"avx2-2streams", "avx2", 2},
+    {"scalar", "scalar", 0},
+};
+
+bool variant_usable(const ReadVariant& v) {
+  const auto& f = cpu_features();
+  std::string isa = v.isa;
+  if (isa == "avx512f") return f.avx512f && f.avx512bw;
+  if (isa == "avx2") return f.avx2;
+  return true;
+}
+
+const ReadVariant& find_variant(const std::string& name) {
+  for (const auto& v : kReadVariants)
+    if (name == v.name) {
+      if (!variant_usable(v)) throw std::invalid_argument("read kernel '" + name + "' needs an ISA this CPU lacks");
+      return v;
+    }
+  throw std::invalid_argument("unknown read kernel '" + name + "'");
+}
+
+}  // namespace
+
+std::vector<std::string> read_variants() {
+  std::vector<std::string> out;
+  for (const auto& v : kReadVariants)
+    if (variant_usable(v)) out.emplace_back(v.name);
+  return out;
+}
+
+double read_pass(const std::vector<Buffer>& bufs, int threads, const std::string& variant) {
+  const ReadVariant& v = find_variant(variant);
+  size_t total = 0;
+  for (const auto& b : bufs) total += b.bytes;
+  if (threads < 1) threads = 1;
+  auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads)
+  {
+    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    // Each thread reads one contiguous share of the concatenated buffers, cut at 4 KiB.
+    size_t share = ((total / nt) + 4095) & ~size_t(4095);
+    size_t begin = std::min(total, share * tid), end = std::min(total, share * (tid + 1));
+    uint64_t acc = 0;
+    size_t base = 0;
+    for (const auto& b : bufs) {
+      size_t lo = std::max(begin, base), hi = std::min(end, base + b.bytes);
+      if (lo < hi) {
+        const uint8_t* p = static_cast<const uint8_t*>(b.ptr) + (lo - base);
+        size_t n = hi - lo;
+        if (std::string(v.isa) == "avx512f") acc ^= read_avx512(p, n, v.mode);
+        else if (std::string(v.isa) == "avx2") acc ^= read_avx2(p, n, v.mode);
+        else acc ^= read_scalar(p, n);
+      }
+      base += b.bytes;
+    }
+    g_sink.fetch_xor(acc, std::memory_order_relaxed);
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
+std::vector<std::string> peak_units() {
+  std::vector<std::string> out;
+  const auto& f = cpu_features();
+  if (f.avx2 && f.fma) out.emplace_back("avx2-fma-fp32");
+  if (f.avx512f) out.emplace_back("avx512-fma-fp32");
+  if (isa_usable("avx512")) out.emplace_back("avx512-bf16-dot");
+  if (isa_usable("amx")) out.emplace_back("amx-bf16");
+  return out;
+}
+
+double peak_flops(const std::string& unit, int threads, double seconds) {
+  auto units = peak_units();
+  if (std::find(units.begin(), units.end(), unit) == units.end())
+    throw std::invalid_argument("peak unit '" + unit + "' is not usable on this CPU");
+  double (*fn)(int64_t) = unit == "avx2-fma-fp32"     ? fma_avx2
+                          : unit == "avx512-fma-fp32" ? fma_avx512
+                          : unit == "avx512-bf16-dot" ? dpbf16_avx512
+                                                      : tdpbf16_amx;
+  // Calibrate the iteration count on one thread, then run all threads together.
+  int64_t iters = 1 << 14;
+  for (;;) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn(iters);
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (dt > seconds / 4 || iters > (int64_t(1) << 40)) {
+      iters = int64_t(double(iters) * seconds / std::max(dt, 1e-9));
+      break;
+    }
+    iters *= 4;
+  }
+  double flops = 0;
+  auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+  { flops += fn(iters); }
+  double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return flops / dt;
+}
+
+}  // namespace hina
