@@ -50,6 +50,11 @@ class Backend(ABC):
         """Bytes this backend allocated beyond the problem's own tensors (packed copies, ...)."""
         return 0
 
+    @classmethod
+    def extra_bytes_estimate(cls, weight_bytes_allocated: int) -> int:
+        """Before allocating anything: how much more memory prepare() will take."""
+        return 0
+
     def versions(self) -> dict[str, str]:
         return {"torch": torch.__version__}
 

@@ -1,0 +1,33 @@
+"""`torch`: the naive expert loop, as Hugging Face's Mixtral block writes it (bf16 F.linear per expert)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import register
+from .base import Backend
+
+
+def route(topk_ids: torch.Tensor):
+    """(expert, token indices, top-k slots) for each expert that receives a token."""
+    ids = topk_ids.long()
+    for e in torch.unique(ids).tolist():
+        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        yield e, tok, slot
+
+
+@register
+class TorchNaive(Backend):
+    name = "torch"
+    description = "PyTorch naive loop over experts: F.linear(gate), F.linear(up), SiLU*up, F.linear(down), index_add"
+
+    def run(self, group: int) -> torch.Tensor:
+        d = self.data
+        x, w = d.x, d.topk_weights
+        out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32)
+        for e, tok, slot in route(d.topk_ids[group]):
+            xe = x[tok]
+            h = F.silu(F.linear(xe, d.w_gate[e])) * F.linear(xe, d.w_up[e])
+            y = F.linear(h, d.w_down[e])
+            out.index_add_(0, tok, y.float() * w[tok, slot].unsqueeze(1))
+        return out.to(x.dtype)

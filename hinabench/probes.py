@@ -1,0 +1,48 @@
+"""Roofline denominators, measured in the process that runs the kernel.
+
+Read bandwidth on a VM can differ from process to process and minute to minute, so a kernel's
+bandwidth figure is judged against a read of *its own weight buffers*, in *its own process*, just
+before and after its samples, with the best of several read kernels (a weak probe flatters a weak
+kernel). The compute peak is a register-only FMA loop on the best unit a BF16 kernel could use.
+"""
+from __future__ import annotations
+
+import functools
+
+from . import _C
+
+# Best first: what a BF16 kernel could use on this CPU.
+PEAK_PREFERENCE = ["amx-bf16", "avx512-bf16-dot", "avx512-fma-fp32", "avx2-fma-fp32"]
+
+
+def read_variants() -> list[str]:
+    v = _C.read_variants()
+    # the scalar loop is never the best where a vector one exists; keep it only as a last resort
+    return [x for x in v if x != "scalar"] or v
+
+
+def read_gbps(buffers: list[tuple[int, int]], threads: int, variants: list[str] | None = None,
+              passes: int = 1) -> tuple[float, str, dict[str, float]]:
+    """Best GB/s over read kernels (and passes) of the given (address, bytes) buffers."""
+    total = sum(n for _, n in buffers)
+    per = {}
+    for v in variants or read_variants():
+        best = min(_C.read_pass(buffers, threads, v) for _ in range(passes))
+        per[v] = total / best / 1e9
+    name = max(per, key=per.get)
+    return per[name], name, per
+
+
+def peak_unit() -> str:
+    units = _C.peak_units()
+    for u in PEAK_PREFERENCE:
+        if u in units:
+            return u
+    raise RuntimeError("no FMA unit usable on this CPU")
+
+
+@functools.lru_cache(maxsize=None)
+def peak_gflops(threads: int, unit: str | None = None, seconds: float = 0.25) -> tuple[float, str]:
+    """(GFLOP/s, unit): best of three runs of the register-only loop; cached per process."""
+    unit = unit or peak_unit()
+    return max(_C.peak_flops(unit, threads, seconds) for _ in range(3)) / 1e9, unit
