@@ -21,6 +21,20 @@ def _ints(text: str, what: str) -> list[int]:
     return vals
 
 
+def _command() -> str:
+    """The command line that reproduces this invocation (options that differ from their defaults)."""
+    import shlex
+    ctx = click.get_current_context()
+    parts = ["hinabench"] + ctx.command_path.split()[1:]
+    for p in ctx.command.params:
+        v = ctx.params.get(p.name)
+        if isinstance(p, click.Argument):
+            parts += [str(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
+        elif v != p.default and v not in (None, False):
+            parts += [p.opts[0]] if v is True else [p.opts[0], str(v)]
+    return " ".join(shlex.quote(x) for x in parts)
+
+
 def _console(stderr: bool = False):
     from rich.console import Console
     return Console(stderr=stderr)
@@ -186,7 +200,7 @@ def ffn(model_names, tokens, experts, backends, dtype, threads, repeats, rounds,
                   experts=experts, backends=backends, dtype=dtype,
                   threads=_ints(threads, "--threads") if threads else None, repeats=repeats,
                   rounds=rounds, min_time=min_time, warmup=warmup, seed=seed)
-    run_sweep(sweep, out=out, resume=resume, as_json=as_json, name="ffn")
+    run_sweep(sweep, out=out, resume=resume, as_json=as_json, name="ffn", command=_command())
 
 
 # ---- suites and figures -------------------------------------------------------------------------
@@ -204,7 +218,7 @@ def suite_run(path, out, resume, as_json):
     """Run the sweep a suite file declares."""
     from .suite import load_suite, run_sweep
     sweep, name = load_suite(path)
-    run_sweep(sweep, out=out, resume=resume, as_json=as_json, name=name)
+    run_sweep(sweep, out=out, resume=resume, as_json=as_json, name=name, command=_command())
 
 
 @cli.command()

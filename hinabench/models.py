@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .errors import UserError
+
 
 @dataclass(frozen=True)
 class Model:
@@ -52,7 +54,7 @@ MODELS: dict[str, Model] = {m.name: m for m in [
 ]}
 
 
-class UnknownModel(ValueError):
+class UnknownModel(UserError, ValueError):
     pass
 
 

@@ -44,6 +44,8 @@ class RunConfig:
     min_time: float = 0.3        # seconds of samples per backend per round, when calibrating
     min_samples: int = 3
     max_samples: int = 200
+    max_time: float = 30.0       # seconds of samples per backend per point: slow backends get fewer
+                                 # samples (one per round at least), never a skipped point
     seed: int = 0
     numa: str = "default"
     command: str = field(default_factory=lambda: " ".join(shlex.quote(a) for a in
@@ -75,7 +77,9 @@ class _Timed:
         self.samples: list[float] = []
         self.probes: list[tuple[float, str]] = []
         self.load: list[float] = []
-        self.n = 0
+        self.n = 0                # calls made so far (they rotate through the weight groups)
+        self.call_s = 0.0         # the calibrating warm-up call's time
+        self.per_round = 0        # samples per round
         self.active = False
 
 
@@ -205,18 +209,24 @@ def run_point(problem: FFNProblem, names: list[str], threads: int, cfg: RunConfi
 def _time_round(t: _Timed, rnd: int, cfg: RunConfig, buffers, threads: int, groups: int) -> None:
     run = t.backend.run
     call = t.n
-    for _ in range(cfg.warmup if rnd == 0 else 1):
-        run(call % groups)
-        call += 1
     if rnd == 0:
+        # warm-up calls, the last one timed to calibrate the number of samples
+        dt = 0.0
+        for _ in range(max(cfg.warmup, 1)):
+            t0 = time.perf_counter()
+            run(call % groups)
+            dt = time.perf_counter() - t0
+            call += 1
+        t.call_s = dt
         if cfg.repeats:
             t.per_round = cfg.repeats
         else:
-            t0 = time.perf_counter()
-            run(call % groups)
-            call += 1
-            dt = time.perf_counter() - t0
-            t.per_round = max(cfg.min_samples, min(cfg.max_samples, math.ceil(cfg.min_time / max(dt, 1e-6))))
+            n = max(cfg.min_samples, min(cfg.max_samples, math.ceil(cfg.min_time / max(dt, 1e-6))))
+            budget = max(1, int(cfg.max_time / max(dt * cfg.rounds, 1e-6)))
+            t.per_round = max(1, min(n, budget))
+    elif t.call_s < 1.0:
+        run(call % groups)   # re-warm after the other backends' turns (slow calls need none)
+        call += 1
     t.probes.append(read_gbps(buffers, threads)[:2])
     with LoadMeter() as m:
         for _ in range(t.per_round):

@@ -79,7 +79,8 @@ def default_out(name: str, models: list[str]) -> Path:
     return Path("results") / machine_id() / f"{name}-{tag}-{stamp}.csv"
 
 
-def run_sweep(sweep: Sweep, out: str | None, resume: bool, as_json: bool, name: str) -> list[dict]:
+def run_sweep(sweep: Sweep, out: str | None, resume: bool, as_json: bool, name: str,
+              command: str = "") -> list[dict]:
     from .results import ResultStore, reasons, render_table
     from .runner import RunConfig, run_point
     from .sysinfo import summary, topology
@@ -102,6 +103,8 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, as_json: bool, name: 
     skip = store.done_keys() if resume else set()
     cfg = RunConfig(rounds=sweep.rounds, warmup=sweep.warmup, repeats=sweep.repeats,
                     min_time=sweep.min_time, seed=sweep.seed)
+    if command:
+        cfg.command = command
     err = _console_err()
     if not as_json:
         err.print(f"[bold]hinabench {name}[/]: {len(problems)} point(s) x {len(threads)} thread count(s) x "

@@ -18,7 +18,7 @@ inline uint64_t splitmix64(uint64_t x) {
 }  // namespace
 
 // Values: random sign, exponent in {e-1, e} with e = floor(log2(scale)), random 7-bit mantissa:
-// magnitudes spread over [2^(e-1), 2^(e+1)), i.e. within [scale/2, 2*scale); mean zero, no zeros,
+// magnitudes spread over [2^(e-1), 2^(e+1)), i.e. within (scale/4, 2*scale); mean zero, no zeros,
 // no NaN/Inf.
 void fill_bf16(uint16_t* dst, size_t n, uint64_t seed, float scale, int threads) {
   const int e = int(std::floor(std::log2(scale))) + 127;

@@ -1,0 +1,99 @@
+"""Figures drawn from stored result rows only, never from a live run (triton.testing's habit).
+
+fig10: the paper's Figure 10 style: FFN latency against tokens per expert, one line per backend,
+one panel per model, with the roofline drawn in. Backends that could not run here are in the legend
+with the reason. The caption carries the machine's one-line summary and the command that made the rows.
+"""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from .errors import UserError
+from .results import load_frame
+
+
+def _short(reason: str, n: int = 110) -> str:
+    reason = str(reason).split(": ", 1)[-1] if "not supported on this CPU" in str(reason) else str(reason)
+    return reason if len(reason) <= n else reason[: n - 1] + "…"
+
+
+def fig10(results: list[str], out_dir: str | None = None) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = load_frame(results)
+    if df.empty:
+        raise UserError("no rows in the results given")
+    models = list(dict.fromkeys(df["model"]))
+    threads = int(df["threads"].max())
+    df = df[df["threads"] == threads]
+    backends = list(dict.fromkeys(df["backend"]))
+    ncol = min(len(models), 2)
+    nrow = (len(models) + ncol - 1) // ncol
+    fig, axes = plt.subplots(nrow, ncol, figsize=(max(10.0, 6.4 * ncol), 4.4 * nrow + 2.0), squeeze=False)
+    colors = {b: plt.cm.tab10(i % 10) for i, b in enumerate(backends)}
+    legend: dict[str, object] = {}
+    for ax, model in zip(axes.flat, models):
+        m = df[df["model"] == model]
+        for b in backends:
+            rows = m[m["backend"] == b].sort_values("tokens_per_expert")
+            ok = rows[rows["status"] == "ok"]
+            if len(ok):
+                h = ax.errorbar(ok["tokens_per_expert"], ok["median_ms"],
+                                yerr=[ok["median_ms"] - ok["p10_ms"], ok["p90_ms"] - ok["median_ms"]],
+                                marker="o", ms=4, capsize=2, color=colors[b], label=b)
+                legend.setdefault(b, h)
+            wrong = rows[rows["status"] == "wrong"]
+            if len(wrong):
+                h = ax.scatter(wrong["tokens_per_expert"], wrong["median_ms"], marker="x", color=colors[b])
+                legend.setdefault(f"{b} (WRONG result: not ranked)", h)
+            if not len(ok) and not len(wrong) and len(rows):
+                st = rows.iloc[0]
+                label = f"{b}: {st['status']} — {_short(st['reason'])}"
+                legend.setdefault(label, plt.Line2D([], [], color=colors[b], ls=":", alpha=0.5))
+        # One roofline per model: the best same-process read probe and the FMA peak over its rows.
+        r = m[m["read_gbps"].notna()]
+        if len(r):
+            bw, pk = r["read_gbps"].max(), r["peak_gflops"].astype(float).max()
+            pts = r.groupby("tokens_per_expert")[["weight_bytes", "flops"]].first().astype(float)
+            roof = [max(wb / (bw * 1e9), fl / (pk * 1e9)) * 1e3 for wb, fl in pts.values]
+            h, = ax.plot(pts.index, roof, "k--", lw=1.2)
+            legend.setdefault(f"roofline: max(bytes / {bw:.1f} GB/s read probe, FLOPs / {pk:.0f} GFLOP/s "
+                              f"{r['peak_unit'].iloc[0]} peak)", h)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens per expert (T)")
+        ax.set_ylabel("latency per MoE FFN call (ms)")
+        first = m.iloc[0]
+        ax.set_title(f"{model}: {int(first['experts'])} experts of {int(first['intermediate_size'])}x"
+                     f"{int(first['hidden_size'])}, {first['dtype']}")
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in list(axes.flat)[len(models):]:
+        ax.axis("off")
+    machine = str(df["fingerprint"].dropna().iloc[0]) if "fingerprint" in df and df["fingerprint"].notna().any() else ""
+    cmds = sorted(set(df["command"].dropna())) if "command" in df else []
+    caption = f"{threads} thread(s); median with p10-p90 bars. {machine}"
+    fig.suptitle("MoE expert FFN latency vs tokens per expert (paper Fig. 10 style)", fontsize=12)
+    wrapped = textwrap.wrap(caption, 150)
+    fig.text(0.5, 0.01, "\n".join(wrapped), ha="center", va="bottom", fontsize=7)
+    h_in = fig.get_figheight()
+    cap = (0.14 * len(wrapped) + 0.1) / h_in
+    fig.legend(list(legend.values()), list(legend.keys()), loc="lower center", ncol=1, fontsize=8,
+               frameon=False, bbox_to_anchor=(0.5, cap))
+    leg = (0.17 * len(legend) + 0.1) / h_in
+    fig.tight_layout(rect=(0, cap + leg, 1, 0.96))
+    out = Path(out_dir) if out_dir else Path(results[0]).parent
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / "fig10.png"
+    fig.savefig(png, dpi=130)
+    plt.close(fig)
+    side = out / "fig10.txt"
+    side.write_text(f"{caption}\nmade by: hinabench figure fig10 {' '.join(results)}\nfrom rows made by:\n"
+                    + "\n".join(f"  {c}" for c in cmds) + "\n")
+    return [png, side]
+
+
+FIGURES = {"fig10": fig10}

@@ -1,0 +1,192 @@
+"""The harness end to end through click's CliRunner: storage, resume, error paths, sysinfo."""
+import csv
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from hinabench import backends as registry
+from hinabench.backends.base import Backend
+from hinabench.cli import cli
+from hinabench.results import COLUMNS, ResultStore, rank_rows
+
+FAST = ["--model", "qwen3-30b-a3b", "--backends", "torch", "--rounds", "1", "--min-time", "0.01",
+        "--warmup", "1", "--threads", "1"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def read_rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_ffn_writes_validated_rows_with_roofline(tmp_results):
+    r = invoke("ffn", *FAST, "--tokens", "1,2", "--out", str(tmp_results))
+    assert r.exit_code == 0, r.output
+    rows = read_rows(tmp_results)
+    assert [row["tokens_per_expert"] for row in rows] == ["1", "2"]
+    for row in rows:
+        assert row["status"] == "ok" and row["rank"] == "1"
+        assert float(row["rel_err"]) < float(row["tolerance"])
+        for col in ("median_ms", "mad_ms", "p10_ms", "p90_ms", "read_gbps", "peak_gflops", "roofline_ms",
+                    "pct_bw", "efficiency"):
+            assert float(row[col]) > 0, col
+        assert float(row["efficiency"]) == pytest.approx(float(row["roofline_ms"]) / float(row["median_ms"]))
+        assert row["rotation_groups"] == "2"            # qwen3-30b: 75 MB a call, rotated over 2 groups
+        assert "hinabench ffn" in row["command"] and row["fingerprint"]
+    assert "torch" in r.output and "rows written to" in r.output
+
+
+def test_resume_skips_done_points_and_keeps_them(tmp_results):
+    assert invoke("ffn", *FAST, "--tokens", "1", "--out", str(tmp_results)).exit_code == 0
+    first = read_rows(tmp_results)
+    r = invoke("ffn", *FAST, "--tokens", "1,2", "--out", str(tmp_results), "--resume")
+    assert r.exit_code == 0, r.output
+    rows = read_rows(tmp_results)
+    assert [row["tokens_per_expert"] for row in rows] == ["1", "2"]
+    assert rows[0] == first[0]
+
+
+def test_json_output(tmp_results):
+    r = CliRunner(mix_stderr=False).invoke(cli, ["ffn", *FAST, "--tokens", "1", "--out", str(tmp_results),
+                                                 "--json"]) if "mix_stderr" in CliRunner.__init__.__code__.co_varnames \
+        else CliRunner().invoke(cli, ["ffn", *FAST, "--tokens", "1", "--out", str(tmp_results), "--json"])
+    assert r.exit_code == 0
+    rows = json.loads(r.stdout)
+    assert rows[0]["backend"] == "torch" and set(COLUMNS) <= set(rows[0])
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["ffn", "--model", "gpt-5"], "unknown model 'gpt-5'; known models: mixtral-8x7b"),
+    (["ffn", "--tokens", "0"], "at least 1"),
+    (["ffn", "--tokens", "1,x"], "comma-separated list"),
+    (["ffn", "--experts", "9"], "9 active experts asked, but mixtral-8x7b has 8"),
+    (["ffn", "--backends", "nope"], "unknown backend 'nope'"),
+    (["ffn", "--dtype", "fp64"], "unknown dtype 'fp64'"),
+    (["ffn", "--threads", "999"], "--threads must be between 1 and"),
+    (["ffn", "--resume"], "--resume needs --out"),
+    (["ffn", "--out", "/proc/hinabench.csv", "--backends", "torch"], "is not writable"),
+    (["bandwidth", "--size", "1"], "under 4x the last-level cache"),
+    (["suite", "run", "/nonexistent.toml"], "no suite file"),
+    (["figure", "fig10", "/nonexistent.csv"], "no results file"),
+])
+def test_user_errors_are_one_line_without_traceback(args, msg):
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2, r.output
+    assert msg in r.output
+    assert "Traceback" not in r.output
+    assert r.output.strip().count("\n") == 0
+
+
+def test_more_memory_than_available_is_refused_before_allocating(monkeypatch, tmp_results):
+    import hinabench.runner as runner
+    monkeypatch.setattr(runner, "meminfo", lambda: {"MemAvailable": 100 << 20})
+    r = CliRunner().invoke(cli, ["ffn", "--model", "mixtral-8x7b", "--tokens", "1", "--backends", "torch",
+                                 "--out", str(tmp_results)])
+    assert r.exit_code == 2
+    assert "needs 1.0 GiB" in r.output or "needs" in r.output
+    assert "only 0.1 GiB is available" in r.output
+
+
+class Exploding(Backend):
+    name = "test:exploding"
+    description = "raises in run()"
+
+    def run(self, group):
+        raise RuntimeError("kaboom")
+
+
+class Wrong(Backend):
+    name = "test:wrong"
+    description = "returns garbage fast"
+
+    def run(self, group):
+        return torch.zeros(self.data.x.shape, dtype=torch.bfloat16)
+
+
+class Missing(Backend):
+    name = "test:missing"
+    description = "not here"
+    missing_status = "unavailable"
+
+    @classmethod
+    def availability(cls):
+        return False, "its environment does not exist: run `hinabench env create missing`"
+
+    def run(self, group):
+        raise AssertionError("never called")
+
+
+def test_failing_wrong_and_missing_backends_become_rows(monkeypatch, tmp_results):
+    registry._load()
+    for cls in (Exploding, Wrong, Missing):
+        monkeypatch.setitem(registry.REGISTRY, cls.name, cls)
+    r = invoke("ffn", *FAST[:2], "--backends", "torch,test:exploding,test:wrong,test:missing", "--tokens", "1",
+               "--rounds", "2", "--min-time", "0.01", "--threads", "1", "--out", str(tmp_results))
+    assert r.exit_code == 0, r.output
+    rows = {row["backend"]: row for row in read_rows(tmp_results)}
+    assert rows["test:exploding"]["status"] == "failed" and "kaboom" in rows["test:exploding"]["reason"]
+    assert rows["test:wrong"]["status"] == "wrong" and rows["test:wrong"]["rank"] == ""
+    assert float(rows["test:wrong"]["median_ms"]) > 0          # timed, flagged, not ranked
+    assert rows["test:missing"]["status"] == "unavailable" and "env create" in rows["test:missing"]["reason"]
+    assert rows["torch"]["status"] == "ok" and rows["torch"]["rank"] == "1"
+
+
+def test_store_parquet_and_rank(tmp_path):
+    pytest.importorskip("pyarrow")
+    s = ResultStore(tmp_path / "r.parquet")
+    s.check_writable()
+    rows = [{"backend": "a", "model": "m", "tokens_per_expert": 1, "status": "ok", "median_ms": 2.0},
+            {"backend": "b", "model": "m", "tokens_per_expert": 1, "status": "ok", "median_ms": 1.0},
+            {"backend": "c", "model": "m", "tokens_per_expert": 1, "status": "wrong", "median_ms": 0.1}]
+    rank_rows(rows)
+    assert [r["rank"] for r in rows] == [2, 1, None]
+    for r in rows:
+        s.append(r)
+    assert [r["backend"] for r in s.rows()] == ["a", "b", "c"]
+    assert len(s.done_keys()) == 3
+
+
+def test_sysinfo_json_matches_cpuid():
+    r = invoke("sysinfo", "--json")
+    fp = json.loads(r.output)
+    flags = open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split()
+    assert fp["isa"]["avx512_bf16"] == ("avx512_bf16" in flags)
+    assert fp["isa"]["amx_tile"] == ("amx_tile" in flags)
+    assert len(fp["numa_nodes"]) >= 1 and fp["caches"]["L3"] > 0
+    assert isinstance(fp["perf_hw_counters"], bool)
+    if not fp["perf_hw_counters"]:
+        assert fp["perf_reason"]
+    line = invoke("sysinfo", "--summary").output.strip()
+    assert "NUMA node" in line and "hinabench" in line
+
+
+def test_models_bandwidth_peak_commands():
+    r = invoke("models", "--json")
+    assert {m["name"] for m in json.loads(r.output)} >= {"mixtral-8x7b", "deepseek-v3"}
+    r = invoke("bandwidth", "--threads", "1", "--size", "160", "--passes", "1", "--json")
+    rows = json.loads(r.output)
+    assert all(row["best_gbps"] > 0.5 for row in rows)
+    r = invoke("peak", "--threads", "1", "--json")
+    assert any(row["roofline_unit"] for row in json.loads(r.output))
+
+
+def test_suite_and_figure(tmp_path):
+    suite = tmp_path / "tiny.toml"
+    suite.write_text('name = "tiny"\n[sweep]\nmodels = ["qwen3-30b-a3b"]\ntokens = [1, 2]\nbackends = ["torch"]\n'
+                     'threads = [1]\nrounds = 1\nmin_time = 0.01\nwarmup = 1\n')
+    out = tmp_path / "tiny.csv"
+    assert invoke("suite", "run", str(suite), "--out", str(out)).exit_code == 0
+    assert len(read_rows(out)) == 2
+    r = invoke("figure", "fig10", str(out), "--out", str(tmp_path / "fig"))
+    assert r.exit_code == 0
+    assert (tmp_path / "fig" / "fig10.png").stat().st_size > 10_000
+    assert "hinabench suite run" in (tmp_path / "fig" / "fig10.txt").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[sweep]\nmodels = ["qwen3-30b-a3b"]\ntokens = [1]\nbogus = 1\n')
+    r = CliRunner().invoke(cli, ["suite", "run", str(bad)])
+    assert r.exit_code == 2 and "unknown [sweep] keys ['bogus']" in r.output
