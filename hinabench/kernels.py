@@ -1,0 +1,179 @@
+"""The HiNa-MoE expert-FFN operator (paper Section 4), torch tensors in and out.
+
+    out = moe_ffn(x, w_gate, w_up, w_down, topk_ids, topk_weights, isa="auto", threads=None)
+    out = moe_ffn(x, None, None, w_down, topk_ids, topk_weights, w13=w13)      # fused gate/up
+
+    out[t] = sum_s topk_weights[t, s] * W_down[e] . (SiLU(W_gate[e] . x[t]) * (W_up[e] . x[t])),
+             e = topk_ids[t, s]
+
+Arguments (CPU tensors; nothing is copied, converted or repacked except the tiny routing arrays):
+  x             [T, H] bf16, rows contiguous (any row stride).
+  w_gate, w_up  [E, I, H] bf16, the framework's layout (out x in, like nn.Linear): rows contiguous
+                along H; any row stride and any expert stride, so the views w13[:, :I] and
+                w13[:, I:] of a fused tensor are accepted as they are.
+  w13           [E, 2I, H] bf16, gate rows then up rows (pass w_gate = w_up = None).
+  w_down        [E, H, I] bf16, rows contiguous along I; any row/expert stride.
+  topk_ids      [T, k] int32 or int64, values in [0, E) (a token may name the same expert twice).
+  topk_weights  [T, k] float32.
+  isa           "auto" (default; the HINA_ISA environment variable, if set, replaces "auto"), or one
+                of ISAS: "amx", "avx512", "avx2", "scalar" (real hardware), "amx-emulated",
+                "avx512-emulated" (the same micro-kernel sources on a software AMX tile unit / on
+                SIMDe: tests only, slow). "auto" picks the first usable of amx, avx512, avx2, scalar.
+  threads       OpenMP threads (default: torch.get_num_threads()).
+Returns [T, H] bf16 (contiguous, newly allocated).
+
+Shapes: H and I must be multiples of 32 (the AMX tile's k_r; every MoE model we know uses
+multiples of 128). Other shapes raise ValueError: there is no tail code, on purpose.
+Errors: ValueError for bad input; IsaUnavailable (a RuntimeError) for an ISA this CPU lacks or a
+module that was not built. An unusable ISA is refused before any instruction of it runs (no SIGILL).
+
+Precision: fp32 accumulation throughout; the output is rounded once to bf16. The avx2 and scalar
+paths keep SiLU(gate)*up in fp32; the avx512 and amx paths round it to bf16 (their MM operands
+are bf16), as every bf16 kernel we know does.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+ISAS_REAL = ("amx", "avx512", "avx2", "scalar")  # "auto" takes the first usable, in this order
+ISAS_EMULATED = {"amx-emulated": "_C_amx_emu", "avx512-emulated": "_C_avx512_emu"}
+ISAS = ISAS_REAL + tuple(ISAS_EMULATED)
+SHAPE_MULTIPLE = 32
+
+
+class IsaUnavailable(RuntimeError):
+    """The requested ISA cannot run here (the CPU or the OS lacks it, or its module was not built)."""
+
+
+def _module(isa: str):
+    name = ISAS_EMULATED.get(isa, "_C")
+    try:
+        return importlib.import_module(f"hinabench.{name}")
+    except ImportError as e:
+        raise IsaUnavailable(f"isa '{isa}' needs the extension module hinabench.{name}, which is not "
+                             f"built ({e}); reinstall with `pip install --no-build-isolation -e .`"
+                             + (" with simde-py installed" if isa == "avx512-emulated" else "")) from e
+
+
+def isa_status(isa: str) -> tuple[bool, str]:
+    """(True, "") if `isa` can run in this process, else (False, the reason in words)."""
+    if isa not in ISAS:
+        raise ValueError(f"unknown isa '{isa}'; known: auto, {', '.join(ISAS)}")
+    try:
+        mod = _module(isa)
+    except IsaUnavailable as e:
+        return False, str(e)
+    if isa in ISAS_EMULATED or isa == "scalar":
+        return True, ""
+    if mod.isa_usable(isa):
+        return True, ""
+    f = mod.cpu_features()
+    need = {"avx2": [("avx2", "AVX2"), ("fma", "FMA")],
+            "avx512": [("avx512f", "AVX512F"), ("avx512bw", "AVX512BW"), ("avx512vl", "AVX512VL"),
+                       ("avx512_bf16", "AVX512_BF16")],
+            "amx": [("amx_tile", "AMX_TILE"), ("amx_bf16", "AMX_BF16"), ("avx512f", "AVX512F"),
+                    ("avx512bw", "AVX512BW")]}[isa]
+    missing = [label for key, label in need if not f[key]]
+    if missing:
+        return False, f"this CPU lacks {', '.join(missing)}"
+    if isa == "amx" and not f["os_amx"]:
+        return False, f"the OS refused AMX tile data to this process ({f['amx_permission']})"
+    return False, f"isa '{isa}' is not usable here"
+
+
+def resolve_isa(isa: str = "auto") -> str:
+    """The ISA a call with `isa` runs on; raises ValueError/IsaUnavailable if it cannot run."""
+    if isa == "auto":
+        isa = os.environ.get("HINA_ISA", "").strip() or "auto"
+    if isa == "auto":
+        for cand in ISAS_REAL:
+            if isa_status(cand)[0]:
+                return cand
+        return "scalar"
+    ok, why = isa_status(isa)
+    if not ok:
+        raise IsaUnavailable(f"isa '{isa}' cannot run here: {why}")
+    return isa
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _check_weight(name: str, w: torch.Tensor, shape: tuple[int, int, int]) -> None:
+    _check(isinstance(w, torch.Tensor), f"{name} must be a torch.Tensor")
+    _check(w.device.type == "cpu", f"{name} must be on the CPU (got {w.device})")
+    _check(w.dtype == torch.bfloat16, f"{name} must be bfloat16 (got {w.dtype})")
+    _check(tuple(w.shape) == shape, f"{name} has shape {tuple(w.shape)}, expected {shape}")
+    _check(w.stride(2) == 1 or w.shape[2] == 1,
+           f"{name} rows must be contiguous along their last dimension (stride {w.stride()}); "
+           "the kernel reads weights in place and never copies them")
+    _check(w.stride(0) >= 0 and w.stride(1) >= 0, f"{name} has negative strides {w.stride()}")
+
+
+def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | None,
+            w_down: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
+            w13: torch.Tensor | None = None, isa: str = "auto",
+            threads: int | None = None) -> torch.Tensor:
+    """The HiNa-MoE expert FFN; see the module docstring for arguments, shapes and errors."""
+    isa = resolve_isa(isa)
+    # ---- weights: shapes and strides only; never a copy ------------------------------------------
+    if w13 is not None:
+        _check(w_gate is None and w_up is None, "pass either w13 or (w_gate, w_up), not both")
+        _check(isinstance(w13, torch.Tensor) and w13.dim() == 3 and w13.shape[1] % 2 == 0,
+               "w13 must be [E, 2I, H]")
+        half = w13.shape[1] // 2
+        w_gate, w_up = w13[:, :half], w13[:, half:]
+    _check(w_gate is not None and w_up is not None, "w_gate and w_up (or w13) are required")
+    _check(isinstance(w_gate, torch.Tensor) and w_gate.dim() == 3, "w_gate must be [E, I, H]")
+    E, I, H = (int(s) for s in w_gate.shape)
+    _check_weight("w_gate", w_gate, (E, I, H))
+    _check_weight("w_up", w_up, (E, I, H))
+    _check_weight("w_down", w_down, (E, H, I))
+    _check(H > 0 and I > 0 and E > 0, f"empty weights (E={E}, I={I}, H={H})")
+    _check(H % SHAPE_MULTIPLE == 0 and I % SHAPE_MULTIPLE == 0,
+           f"H={H} and I={I} must be multiples of {SHAPE_MULTIPLE} (the AMX tile's k_r = 32; "
+           "this kernel has no tail code for other shapes)")
+    # ---- activations and routing -------------------------------------------------------------------
+    _check(isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == H,
+           f"x must be [T, H={H}] (got {tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)})")
+    _check(x.device.type == "cpu" and x.dtype == torch.bfloat16, "x must be a bfloat16 CPU tensor")
+    _check(x.stride(1) == 1 and (x.shape[0] <= 1 or x.stride(0) >= H),
+           f"x rows must be contiguous (stride {x.stride()})")
+    T = int(x.shape[0])
+    _check(isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 and topk_ids.shape[0] == T,
+           f"topk_ids must be [T={T}, k]")
+    _check(topk_ids.dtype in (torch.int32, torch.int64),
+           f"topk_ids must be int32 or int64 (got {topk_ids.dtype})")
+    k = int(topk_ids.shape[1])
+    _check(isinstance(topk_weights, torch.Tensor) and tuple(topk_weights.shape) == (T, k),
+           f"topk_weights must be [T={T}, k={k}] like topk_ids")
+    _check(topk_weights.dtype == torch.float32, f"topk_weights must be float32 (got {topk_weights.dtype})")
+    _check(k >= 1, "topk_ids needs at least one slot per token")
+    out = torch.empty(T, H, dtype=torch.bfloat16)
+    if T == 0:
+        return out
+    ids = topk_ids.to(torch.int32).contiguous()  # T*k integers: the only copies made
+    lo, hi = int(ids.min()), int(ids.max())
+    _check(lo >= 0 and hi < E, f"topk_ids must lie in [0, {E}) (got values in [{lo}, {hi}])")
+    tw = topk_weights.contiguous()
+    if threads is None:
+        threads = torch.get_num_threads()
+    _check(int(threads) >= 1, f"threads must be >= 1 (got {threads})")
+    ldx = x.stride(0) if T > 1 else H
+    _module(isa).moe_ffn(
+        x.data_ptr(), T, H, I, ldx,
+        w_gate.data_ptr(), w_gate.stride(0), w_gate.stride(1),
+        w_up.data_ptr(), w_up.stride(0), w_up.stride(1),
+        w_down.data_ptr(), w_down.stride(0), w_down.stride(1), E,
+        ids.data_ptr(), k, tw.data_ptr(), out.data_ptr(), isa, int(threads))
+    return out
+
+
+def scratch_bytes(isa: str = "auto") -> int:
+    """Scratch bytes (packed I, activations, y rows) the last call on this ISA's module used."""
+    return int(_module(resolve_isa(isa)).moe_scratch_bytes())

@@ -1,0 +1,180 @@
+// The AVX2 micro-kernel (compiled with -mavx2 -mfma -mf16c; run only after isa_usable("avx2")).
+// For CPUs without AVX-512 (AMD Zen 2/3, older Intel): the same general-layout design as the AMX
+// and AVX-512 kernels, with bf16 -> fp32 conversion of W on the fly.
+//
+// W (general layout) rows are contiguous along K. 16 bf16 of a row load as one __m256i; in each
+// 32-bit lane the low half is element 2j and the high half element 2j+1, so
+//      W_even = v << 16            (the 8 even elements as fp32)
+//      W_odd  = v & 0xFFFF0000     (the 8 odd elements as fp32)
+// cost 2 integer ops. Transformation 1 writes I in the matching "split-16" fp32 layout: per chunk
+// of 16 elements, the 8 even ones then the 8 odd ones. One chunk of W then costs 1 load + 2 ops
+// and 2 FMAs per token:  acc += W_even * I_even + W_odd * I_odd  (dot-product form along K; the
+// 8 lanes are summed once per K block). The activation written by gate_up (transformation 2) is
+// in the same split-16 layout, so the down projection runs the same kernel.
+//
+// Blocking (Algorithm 1's loop nest on vector registers): R W rows x TT tokens of accumulators.
+//   M <= 4 tokens (decode, memory-bound): every W row is streamed from memory exactly once per
+//     call, R rows at a time, with all M tokens in registers.
+//   M > 4 (compute-bound from about 16 here): tokens in blocks of 32 and K in blocks of 2048; a
+//     4-row x 2048 slice of W (16 KiB) stays in L1 while 16 pairs of tokens pass over it, the
+//     32-token x 2048 slice of I (256 KiB) stays in L2, and W is re-read once per 32 tokens
+//     (32 FLOP per byte, from L3 at most).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "moe_ffn.h"
+
+namespace hina {
+namespace {
+
+constexpr int kChunk = 16;     // bf16 elements per W load
+constexpr int kKBlock = 2048;  // K block when M > 4
+constexpr int kMBlock = 32;    // token block
+
+inline __m256 even_f32(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+inline __m256 odd_f32(__m256i v) {
+  return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xFFFF0000u))));
+}
+
+size_t packed_bytes(int M, int K) { return size_t(M) * K * sizeof(float); }
+
+// Transformation 1: gather x rows into I (fp32, split-16). Same two ops as the W conversion.
+void pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, void* I) {
+  float* dst = static_cast<float*>(I);
+  for (int m = 0; m < M; ++m) {
+    const bf16_t* src = x + int64_t(rows[m]) * ldx;
+    float* d = dst + int64_t(m) * K;
+    for (int k = 0; k < K; k += kChunk) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
+      _mm256_storeu_ps(d + k, even_f32(v));
+      _mm256_storeu_ps(d + k + 8, odd_f32(v));
+    }
+  }
+}
+
+// Position of element j of a row in the split-16 layout.
+inline int split16(int j) { return (j & ~15) | ((j & 1) << 3) | ((j & 15) >> 1); }
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// The register tile: C[r * ldc + t] += sum_{k0 <= k < k1} W_r[k] * I_t[k]   for r < R, t < TT.
+template <int R, int TT>
+inline void dot_tile(const bf16_t* const* w, const float* const* in, int k0, int k1, float* c,
+                     int ldc) {
+  __m256 acc[R][TT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int k = k0; k < k1; k += kChunk) {
+    __m256 xe[TT], xo[TT];
+    for (int t = 0; t < TT; ++t) {
+      xe[t] = _mm256_loadu_ps(in[t] + k);
+      xo[t] = _mm256_loadu_ps(in[t] + k + 8);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k));
+      const __m256 we = even_f32(v), wo = odd_f32(v);
+      for (int t = 0; t < TT; ++t) {
+        acc[r][t] = _mm256_fmadd_ps(we, xe[t], acc[r][t]);
+        acc[r][t] = _mm256_fmadd_ps(wo, xo[t], acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) c[r * ldc + t] += hsum(acc[r][t]);
+}
+
+// All `nrows` rows (pointers `w`) against tokens [t0, t0+TT), K range [k0, k1): R rows at a time.
+template <int R, int TT>
+void rows_x_tokens(const bf16_t* const* w, int nrows, const float* const* in, int k0, int k1,
+                   float* c, int ldc) {
+  int r = 0;
+  for (; r + R <= nrows; r += R) dot_tile<R, TT>(w + r, in, k0, k1, c + r * ldc, ldc);
+  for (; r < nrows; ++r) dot_tile<1, TT>(w + r, in, k0, k1, c + r * ldc, ldc);
+}
+
+// C[nrows, M] = W[rows, K] . I[M, K]^T  (C row-major with ldc = M), W rows given by pointers.
+void mm_rows(const bf16_t* const* w, int nrows, const float* I, int M, int K, float* c) {
+  std::fill(c, c + int64_t(nrows) * M, 0.f);
+  const float* in[kMBlock];
+  if (M <= 4) {  // decode: W streamed once, all tokens in registers
+    for (int t = 0; t < M; ++t) in[t] = I + int64_t(t) * K;
+    switch (M) {
+      case 1: rows_x_tokens<8, 1>(w, nrows, in, 0, K, c, M); break;
+      case 2: rows_x_tokens<4, 2>(w, nrows, in, 0, K, c, M); break;
+      case 3: rows_x_tokens<2, 3>(w, nrows, in, 0, K, c, M); break;
+      default: rows_x_tokens<2, 4>(w, nrows, in, 0, K, c, M); break;
+    }
+    return;
+  }
+  std::vector<const bf16_t*> wk(nrows);
+  for (int m0 = 0; m0 < M; m0 += kMBlock) {
+    const int mc = std::min(kMBlock, M - m0);
+    for (int t = 0; t < mc; ++t) in[t] = I + int64_t(m0 + t) * K;
+    for (int k0 = 0; k0 < K; k0 += kKBlock) {
+      const int k1 = std::min(K, k0 + kKBlock);
+      for (int r = 0; r < nrows; r += 4) {
+        const int rn = std::min(4, nrows - r);
+        float* cr = c + int64_t(r) * M + m0;
+        int t = 0;
+        if (rn == 4) {
+          for (; t + 2 <= mc; t += 2) dot_tile<4, 2>(w + r, in + t, k0, k1, cr + t, M);
+          for (; t < mc; ++t) dot_tile<4, 1>(w + r, in + t, k0, k1, cr + t, M);
+        } else {
+          for (int q = 0; q < rn; ++q)
+            for (t = 0; t < mc; ++t) dot_tile<1, 1>(w + r + q, in + t, k0, k1, cr + q * M + t, M);
+        }
+      }
+    }
+  }
+}
+
+thread_local std::vector<float> tl_c;
+thread_local std::vector<const bf16_t*> tl_rows;
+
+// Gate & up rows together (one pass over both), SiLU(gate)*up fused into the store, which writes
+// the activation in the split-16 layout the down projection reads (transformation 2).
+void gate_up(const GateUpTask& t) {
+  tl_rows.resize(2 * t.n);
+  for (int j = 0; j < t.n; ++j) {
+    tl_rows[j] = t.w_gate + j * t.ldw_gate;
+    tl_rows[t.n + j] = t.w_up + j * t.ldw_up;
+  }
+  tl_c.resize(size_t(2) * t.n * t.M);
+  float* c = tl_c.data();
+  mm_rows(tl_rows.data(), 2 * t.n, static_cast<const float*>(t.I), t.M, t.K, c);
+  float* act = static_cast<float*>(t.act);
+  for (int m = 0; m < t.M; ++m) {
+    float* a = act + int64_t(m) * t.act_K;
+    for (int j = 0; j < t.n; ++j)
+      a[split16(t.n0 + j)] = silu_mul(c[j * t.M + m], c[(t.n + j) * t.M + m]);
+  }
+}
+
+// Down projection, transpose fused into the store: y[m][n0 + j] = C[j][m] (transformation 3).
+void down(const DownTask& t) {
+  tl_rows.resize(t.n);
+  for (int j = 0; j < t.n; ++j) tl_rows[j] = t.w_down + j * t.ldw;
+  tl_c.resize(size_t(t.n) * t.M);
+  float* c = tl_c.data();
+  mm_rows(tl_rows.data(), t.n, static_cast<const float*>(t.act), t.M, t.K, c);
+  for (int m = 0; m < t.M; ++m) {
+    float* yr = t.y + m * t.ldy + t.n0;
+    for (int j = 0; j < t.n; ++j) yr[j] = c[j * t.M + m];
+  }
+}
+
+}  // namespace
+
+const MicroKernel& microkernel_avx2() {
+  static const MicroKernel mk{"avx2", 64, packed_bytes, pack_tokens, gate_up, down};
+  return mk;
+}
+
+}  // namespace hina

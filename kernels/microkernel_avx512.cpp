@@ -1,0 +1,168 @@
+// The AVX-512 BF16 micro-kernel: `vdpbf16ps` on the general layout, for CPUs without AMX
+// (AMD Zen 4/5, Cooper Lake, Sapphire Rapids cores without AMX permission).
+//
+// Along K, W rows (general layout) and I rows are both contiguous, so the dot-product form needs
+// no transform of W at all: one 64-byte load of 32 bf16 from a W row, one from an I row, and
+//     acc_lane[j] += W[2j] * I[2j] + W[2j+1] * I[2j+1]            (vdpbf16ps)
+// with the 16 lanes summed once per K block. Transformation 1 is therefore a plain gather of bf16
+// rows, and transformation 2 rounds SiLU(gate)*up to bf16 into the same row-major [M, I] layout.
+//
+// Blocking: R W rows x TT tokens of zmm accumulators.
+//   M <= 4: every W row streamed from memory once, R = 8 (M <= 2) or 4 rows at a time.
+//   M > 4: 4 rows x 4 tokens (16 accumulators), K blocks of 2048 (a 16 KiB W slice in L1), token
+//     blocks of 32 (I slice 128 KiB in L2); W re-read once per 32 tokens.
+//
+// Built twice from this one source: for real (-mavx512bf16 ..., `_C`, isa "avx512") and against
+// SIMDe's portable AVX-512 (HINA_EMU_AVX512, no -mavx512 flags, `_C_avx512_emu`, isa
+// "avx512-emulated"), so the kernel's logic is tested on CPUs without AVX-512.
+#if defined(HINA_EMU_AVX512)
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#else
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "moe_ffn.h"
+
+namespace hina {
+namespace {
+
+constexpr int kChunk = 32;     // bf16 per zmm load
+constexpr int kKBlock = 2048;
+constexpr int kMBlock = 32;
+
+inline __m512bh load_bh(const bf16_t* p) {
+  __m512bh v;
+  std::memcpy(&v, p, sizeof(v));  // a plain 64-byte load (vmovdqu16 natively)
+  return v;
+}
+
+inline float hsum(__m512 v) {
+  alignas(64) float f[16];
+  _mm512_storeu_ps(f, v);
+  float s = 0.f;
+  for (int i = 0; i < 16; ++i) s += f[i];
+  return s;
+}
+
+size_t packed_bytes(int M, int K) { return size_t(M) * K * sizeof(bf16_t); }
+
+// Transformation 1: the layout vdpbf16ps wants along K is the general one: a plain row gather.
+void pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, void* I) {
+  bf16_t* dst = static_cast<bf16_t*>(I);
+  for (int m = 0; m < M; ++m)
+    std::memcpy(dst + int64_t(m) * K, x + int64_t(rows[m]) * ldx, size_t(K) * sizeof(bf16_t));
+}
+
+// C[r * ldc + t] += sum_{k0 <= k < k1} W_r[k] * I_t[k]
+template <int R, int TT>
+inline void dot_tile(const bf16_t* const* w, const bf16_t* const* in, int k0, int k1, float* c,
+                     int ldc) {
+  __m512 acc[R][TT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int k = k0; k < k1; k += kChunk) {
+    __m512bh x[TT];
+    for (int t = 0; t < TT; ++t) x[t] = load_bh(in[t] + k);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh wv = load_bh(w[r] + k);
+      for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, x[t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) c[r * ldc + t] += hsum(acc[r][t]);
+}
+
+template <int R, int TT>
+void rows_x_tokens(const bf16_t* const* w, int nrows, const bf16_t* const* in, int k0, int k1,
+                   float* c, int ldc) {
+  int r = 0;
+  for (; r + R <= nrows; r += R) dot_tile<R, TT>(w + r, in, k0, k1, c + r * ldc, ldc);
+  for (; r < nrows; ++r) dot_tile<1, TT>(w + r, in, k0, k1, c + r * ldc, ldc);
+}
+
+// C[nrows, M] = W[rows, K] . I[M, K]^T, row-major with ldc = M.
+void mm_rows(const bf16_t* const* w, int nrows, const bf16_t* I, int M, int K, float* c) {
+  std::fill(c, c + int64_t(nrows) * M, 0.f);
+  const bf16_t* in[kMBlock];
+  if (M <= 4) {
+    for (int t = 0; t < M; ++t) in[t] = I + int64_t(t) * K;
+    switch (M) {
+      case 1: rows_x_tokens<8, 1>(w, nrows, in, 0, K, c, M); break;
+      case 2: rows_x_tokens<8, 2>(w, nrows, in, 0, K, c, M); break;
+      case 3: rows_x_tokens<4, 3>(w, nrows, in, 0, K, c, M); break;
+      default: rows_x_tokens<4, 4>(w, nrows, in, 0, K, c, M); break;
+    }
+    return;
+  }
+  for (int m0 = 0; m0 < M; m0 += kMBlock) {
+    const int mc = std::min(kMBlock, M - m0);
+    for (int t = 0; t < mc; ++t) in[t] = I + int64_t(m0 + t) * K;
+    for (int k0 = 0; k0 < K; k0 += kKBlock) {
+      const int k1 = std::min(K, k0 + kKBlock);
+      for (int r = 0; r < nrows; r += 4) {
+        const int rn = std::min(4, nrows - r);
+        float* cr = c + int64_t(r) * M + m0;
+        if (rn == 4) {
+          int t = 0;
+          for (; t + 4 <= mc; t += 4) dot_tile<4, 4>(w + r, in + t, k0, k1, cr + t, M);
+          for (; t < mc; ++t) dot_tile<4, 1>(w + r, in + t, k0, k1, cr + t, M);
+        } else {
+          for (int q = 0; q < rn; ++q)
+            for (int t = 0; t < mc; ++t) dot_tile<1, 1>(w + r + q, in + t, k0, k1, cr + q * M + t, M);
+        }
+      }
+    }
+  }
+}
+
+thread_local std::vector<float> tl_c;
+thread_local std::vector<const bf16_t*> tl_rows;
+
+// Gate & up in one pass; SiLU(gate)*up rounded to bf16 into the row-major activation
+// (transformation 2: the layout the down projection's vdpbf16ps reads along K).
+void gate_up(const GateUpTask& t) {
+  tl_rows.resize(2 * t.n);
+  for (int j = 0; j < t.n; ++j) {
+    tl_rows[j] = t.w_gate + j * t.ldw_gate;
+    tl_rows[t.n + j] = t.w_up + j * t.ldw_up;
+  }
+  tl_c.resize(size_t(2) * t.n * t.M);
+  float* c = tl_c.data();
+  mm_rows(tl_rows.data(), 2 * t.n, static_cast<const bf16_t*>(t.I), t.M, t.K, c);
+  bf16_t* act = static_cast<bf16_t*>(t.act);
+  for (int m = 0; m < t.M; ++m)
+    for (int j = 0; j < t.n; ++j)
+      act[int64_t(m) * t.act_K + t.n0 + j] =
+          f32_to_bf16(silu_mul(c[j * t.M + m], c[(t.n + j) * t.M + m]));
+}
+
+// Down projection; the transpose fused into the store (transformation 3).
+void down(const DownTask& t) {
+  tl_rows.resize(t.n);
+  for (int j = 0; j < t.n; ++j) tl_rows[j] = t.w_down + j * t.ldw;
+  tl_c.resize(size_t(t.n) * t.M);
+  float* c = tl_c.data();
+  mm_rows(tl_rows.data(), t.n, static_cast<const bf16_t*>(t.act), t.M, t.K, c);
+  for (int m = 0; m < t.M; ++m) {
+    float* yr = t.y + m * t.ldy + t.n0;
+    for (int j = 0; j < t.n; ++j) yr[j] = c[j * t.M + m];
+  }
+}
+
+}  // namespace
+
+const MicroKernel& microkernel_avx512() {
+#if defined(HINA_EMU_AVX512)
+  static const MicroKernel mk{"avx512-emulated", 64, packed_bytes, pack_tokens, gate_up, down};
+#else
+  static const MicroKernel mk{"avx512", 64, packed_bytes, pack_tokens, gate_up, down};
+#endif
+  return mk;
+}
+
+}  // namespace hina

@@ -1,0 +1,53 @@
+// The scalar micro-kernel: portable C++, the reference the SIMD kernels are read against.
+// Layout of I and of the activation: fp32, row-major [M, K] (one row per gathered token).
+// W: bf16 rows read in place (general layout), converted element by element.
+#include <algorithm>
+
+#include "moe_ffn.h"
+
+namespace hina {
+namespace {
+
+size_t packed_bytes(int M, int K) { return size_t(M) * K * sizeof(float); }
+
+// Transformation 1: gather x rows, bf16 -> fp32.
+void pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, void* I) {
+  float* dst = static_cast<float*>(I);
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < K; ++j) dst[int64_t(m) * K + j] = bf16_to_f32(x[int64_t(rows[m]) * ldx + j]);
+}
+
+// Algorithm 1's product for one W row and one I row (fp32 accumulation along K).
+float dot(const bf16_t* w, const float* in, int K) {
+  float acc = 0.f;
+  for (int j = 0; j < K; ++j) acc += bf16_to_f32(w[j]) * in[j];
+  return acc;
+}
+
+void gate_up(const GateUpTask& t) {
+  const float* I = static_cast<const float*>(t.I);
+  float* act = static_cast<float*>(t.act);
+  for (int j = 0; j < t.n; ++j)
+    for (int m = 0; m < t.M; ++m) {
+      const float* in = I + int64_t(m) * t.K;
+      const float g = dot(t.w_gate + j * t.ldw_gate, in, t.K);
+      const float u = dot(t.w_up + j * t.ldw_up, in, t.K);
+      act[int64_t(m) * t.act_K + t.n0 + j] = silu_mul(g, u);  // transformation 2 (identity here)
+    }
+}
+
+void down(const DownTask& t) {
+  const float* act = static_cast<const float*>(t.act);
+  for (int j = 0; j < t.n; ++j)
+    for (int m = 0; m < t.M; ++m)  // transformation 3: W row j's results go to column n0+j of y
+      t.y[m * t.ldy + t.n0 + j] = dot(t.w_down + j * t.ldw, act + int64_t(m) * t.K, t.K);
+}
+
+}  // namespace
+
+const MicroKernel& microkernel_scalar() {
+  static const MicroKernel mk{"scalar", 64, packed_bytes, pack_tokens, gate_up, down};
+  return mk;
+}
+
+}  // namespace hina
