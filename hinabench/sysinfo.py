@@ -144,14 +144,25 @@ def onednn_version() -> str:
     return m.group(1) if m else "unknown"
 
 
+def _built_from() -> str:
+    try:
+        from ._build_info import GIT_REV
+        return GIT_REV
+    except ImportError:
+        return "unknown"
+
+
 @functools.lru_cache(maxsize=1)
 def git_revision() -> str:
+    """The checkout's revision when run from one (editable installs), else the one built from."""
     here = Path(__file__).resolve().parent
+    if not (here.parent / ".git").exists():
+        return _built_from()
     try:
         rev = subprocess.run(["git", "-C", str(here), "rev-parse", "--short=10", "HEAD"],
                              capture_output=True, text=True, timeout=5)
         if rev.returncode != 0:
-            return "unknown"
+            return _built_from()
         dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=5).stdout.strip()
         return rev.stdout.strip() + ("+dirty" if dirty else "")
