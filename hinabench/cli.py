@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import time
-from pathlib import Path
 
 import click
 

@@ -12,7 +12,6 @@ For one point (a problem at a thread count), every backend is:
 from __future__ import annotations
 
 import gc
-import math
 import os
 import shlex
 import sys
@@ -25,8 +24,9 @@ import torch
 from . import __version__, backends as backend_registry
 from .backends.base import Unsupported
 from .errors import UserError
-from .loadmeter import LoadMeter, other_load
-from .probes import peak_gflops, read_gbps
+from .loadmeter import other_load
+from .measure import RoundPlan
+from .probes import peak_gflops
 from .problem import FFNProblem, ProblemData, materialize
 from .reference import TOLERANCE, rel_err
 from .results import ResultStore, empty_row, point_key, rank_rows
@@ -37,15 +37,7 @@ LOAD_WARNING_CPUS = 0.25
 
 
 @dataclass
-class RunConfig:
-    rounds: int = 3
-    warmup: int = 2              # calls before the first round's samples (1 before later rounds)
-    repeats: int = 0             # samples per backend per round; 0 = calibrated from min_time
-    min_time: float = 0.3        # seconds of samples per backend per round, when calibrating
-    min_samples: int = 3
-    max_samples: int = 200
-    max_time: float = 30.0       # seconds of samples per backend per point: slow backends get fewer
-                                 # samples (one per round at least), never a skipped point
+class RunConfig(RoundPlan):
     seed: int = 0
     numa: str = "default"
     command: str = field(default_factory=lambda: " ".join(shlex.quote(a) for a in
@@ -77,9 +69,6 @@ class _Timed:
         self.samples: list[float] = []
         self.probes: list[tuple[float, str]] = []
         self.load: list[float] = []
-        self.n = 0                # calls made so far (they rotate through the weight groups)
-        self.call_s = 0.0         # the calibrating warm-up call's time
-        self.per_round = 0        # samples per round
         self.active = False
 
 
@@ -165,14 +154,17 @@ def run_point(problem: FFNProblem, names: list[str], threads: int, cfg: RunConfi
 
     # -- interleaved rounds
     active = [t for t in todo if t.active]
-    buffers = [b for g in range(groups) for b in data.group_buffers(g)] if data is not None else []
+    plan = RoundPlan(**{k: getattr(cfg, k) for k in RoundPlan.__dataclass_fields__})
     for rnd in range(cfg.rounds):
         k = rnd % max(len(active), 1)
         for t in active[k:] + active[:k]:
             if not t.active:
                 continue
             try:
-                _time_round(t, rnd, cfg, buffers, threads, groups)
+                res = t.backend.measure_round(rnd, plan)
+                t.samples += res.samples
+                t.probes += res.probes
+                t.load.append(res.other_cpus)
             except Exception as e:
                 _fail(t, "failed", f"{type(e).__name__}: {e}".splitlines()[0] + _where(e))
 
@@ -204,40 +196,6 @@ def run_point(problem: FFNProblem, names: list[str], threads: int, cfg: RunConfi
     del data, timed, todo, active
     gc.collect()
     return rows
-
-
-def _time_round(t: _Timed, rnd: int, cfg: RunConfig, buffers, threads: int, groups: int) -> None:
-    run = t.backend.run
-    call = t.n
-    if rnd == 0:
-        # warm-up calls, the last one timed to calibrate the number of samples
-        dt = 0.0
-        for _ in range(max(cfg.warmup, 1)):
-            t0 = time.perf_counter()
-            run(call % groups)
-            dt = time.perf_counter() - t0
-            call += 1
-        t.call_s = dt
-        if cfg.repeats:
-            t.per_round = cfg.repeats
-        else:
-            n = max(cfg.min_samples, min(cfg.max_samples, math.ceil(cfg.min_time / max(dt, 1e-6))))
-            budget = max(1, int(cfg.max_time / max(dt * cfg.rounds, 1e-6)))
-            t.per_round = max(1, min(n, budget))
-    elif t.call_s < 1.0:
-        run(call % groups)   # re-warm after the other backends' turns (slow calls need none)
-        call += 1
-    t.probes.append(read_gbps(buffers, threads)[:2])
-    with LoadMeter() as m:
-        for _ in range(t.per_round):
-            g = call % groups
-            t0 = time.perf_counter()
-            run(g)
-            t.samples.append(time.perf_counter() - t0)
-            call += 1
-    t.load.append(m.other_cpus)
-    t.probes.append(read_gbps(buffers, threads)[:2])
-    t.n = call
 
 
 def _where(e: BaseException) -> str:

@@ -10,6 +10,7 @@ from typing import ClassVar
 
 import torch
 
+from ..measure import MeasureState, RoundPlan, RoundResult, measure_round
 from ..problem import ProblemData
 
 
@@ -45,6 +46,15 @@ class Backend(ABC):
     @abstractmethod
     def run(self, group: int) -> torch.Tensor:
         """One MoE FFN call on rotation group `group`; returns out [T, H]."""
+
+    def measure_round(self, rnd: int, plan: RoundPlan) -> RoundResult:
+        """This backend's turn in round `rnd`. In-process: time self.run here; a worker-backed
+        backend does the same inside its own process (and probes its own buffers there)."""
+        if getattr(self, "_state", None) is None:
+            self._state = MeasureState()
+        d = self.data
+        buffers = [b for g in range(d.groups) for b in d.group_buffers(g)]
+        return measure_round(self.run, rnd, plan, self._state, buffers, self.threads, d.groups)
 
     def extra_bytes(self) -> int:
         """Bytes this backend allocated beyond the problem's own tensors (packed copies, ...)."""

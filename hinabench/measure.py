@@ -1,0 +1,86 @@
+"""One backend's turn in one round: warm-ups, calibration, probes, samples.
+
+The same code runs in the harness's process (in-process backends) and inside a peer's worker process
+(so every row is judged against a read probe of its own process, over its own weight buffers).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from .loadmeter import LoadMeter
+from .probes import read_gbps
+
+
+@dataclass
+class RoundPlan:
+    """How to time: plain data, so it can cross a pipe as JSON."""
+    rounds: int = 3
+    warmup: int = 2              # calls before the first round's samples (the last one calibrates)
+    repeats: int = 0             # samples per round; 0 = calibrated from min_time
+    min_time: float = 0.3        # seconds of samples per round when calibrating
+    min_samples: int = 3
+    max_samples: int = 200
+    max_time: float = 30.0       # seconds of samples per point: slow backends get fewer samples
+                                 # (one per round at least), never a skipped point
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class MeasureState:
+    calls: int = 0               # calls so far: they rotate through the weight groups
+    call_s: float = 0.0          # the calibrating warm-up call's time
+    per_round: int = 0
+
+
+@dataclass
+class RoundResult:
+    samples: list[float] = field(default_factory=list)       # seconds, one call each
+    probes: list[tuple[float, str]] = field(default_factory=list)   # (GB/s, read kernel) before, after
+    other_cpus: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"samples": self.samples, "probes": [list(p) for p in self.probes], "other_cpus": self.other_cpus}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RoundResult":
+        return cls(list(d["samples"]), [(float(a), str(b)) for a, b in d["probes"]], float(d["other_cpus"]))
+
+
+def measure_round(run: Callable[[int], object], rnd: int, plan: RoundPlan, state: MeasureState,
+                  buffers: list[tuple[int, int]], threads: int, groups: int) -> RoundResult:
+    call = state.calls
+    if rnd == 0:
+        dt = 0.0
+        for _ in range(max(plan.warmup, 1)):
+            t0 = time.perf_counter()
+            run(call % groups)
+            dt = time.perf_counter() - t0
+            call += 1
+        state.call_s = dt
+        if plan.repeats:
+            state.per_round = plan.repeats
+        else:
+            n = max(plan.min_samples, min(plan.max_samples, math.ceil(plan.min_time / max(dt, 1e-6))))
+            budget = max(1, int(plan.max_time / max(dt * plan.rounds, 1e-6)))
+            state.per_round = max(1, min(n, budget))
+    elif state.call_s < 1.0:
+        run(call % groups)       # re-warm after the other backends' turns (slow calls need none)
+        call += 1
+    res = RoundResult()
+    res.probes.append(read_gbps(buffers, threads)[:2])
+    with LoadMeter() as m:
+        for _ in range(state.per_round):
+            g = call % groups
+            t0 = time.perf_counter()
+            run(g)
+            res.samples.append(time.perf_counter() - t0)
+            call += 1
+    res.other_cpus = m.other_cpus
+    res.probes.append(read_gbps(buffers, threads)[:2])
+    state.calls = call
+    return res
