@@ -179,14 +179,18 @@ def materialize(problem: FFNProblem, llc_bytes: int | None = None, rotate: bool 
     # Magnitudes ~ 1/sqrt(fan-in), so activations stay O(1) through the FFN.
     fill_bf16(w13, _seed(p.seed, "w13"), 1.0 / math.sqrt(p.H))
     fill_bf16(w_down, _seed(p.seed, "w_down"), 1.0 / math.sqrt(p.I))
-    g = torch.Generator().manual_seed(_seed(p.seed, "tokens"))
-    x = torch.randn(p.T, p.H, generator=g).to(dt)
-    w = torch.rand(p.T, p.A, generator=g) + 0.05
-    topk_weights = (w / w.sum(dim=1, keepdim=True)).float().contiguous()
+    # Tokens, routing weights and routing order come from the same counter-based hash as the weights
+    # (not torch's RNG), so a peer's worker with another torch version builds the identical problem.
+    x = torch.empty(p.T, p.H, dtype=dt)
+    fill_bf16(x, _seed(p.seed, "x"), 1.0)
+    r = torch.empty(groups + 1, p.T, p.A, dtype=torch.bfloat16)
+    fill_bf16(r, _seed(p.seed, "routing"), 0.5)
+    w = r[0].float().abs() + 0.05
+    topk_weights = (w / w.sum(dim=1, keepdim=True)).contiguous()
     ids = []
-    for r in range(groups):
-        order = torch.argsort(torch.rand(p.T, p.A, generator=g), dim=1)
-        ids.append((order + r * p.A).to(torch.int32).contiguous())
+    for g in range(groups):
+        order = torch.argsort(r[g + 1].float(), dim=1, stable=True)
+        ids.append((order + g * p.A).to(torch.int32).contiguous())
     return ProblemData(p, groups, x, w13, w_down, ids, topk_weights)
 
 
