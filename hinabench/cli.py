@@ -230,6 +230,19 @@ def figure(name, results, out_dir):
         click.echo(str(p))
 
 
+def _attach_optional_groups() -> None:
+    """Subcommand groups that live in their own modules (numa, env)."""
+    import importlib
+    for mod, attr in (("numa_cli", "numa"), ("env_cli", "env")):
+        try:
+            cli.add_command(getattr(importlib.import_module(f"{__package__}.{mod}"), attr))
+        except (ImportError, AttributeError):
+            pass
+
+
+_attach_optional_groups()
+
+
 def main():
     cli(prog_name="hinabench")
 
