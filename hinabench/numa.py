@@ -480,29 +480,44 @@ class Vma:
     fields: dict = field(default_factory=dict)    # smaps "Key: value kB" lines, in bytes
 
 
-def find_vma(address: int, smaps_text: str | None = None) -> Vma | None:
-    """The VMA holding `address`, from /proc/self/smaps (header line plus its fields)."""
+def parse_smaps(smaps_text: str | None = None) -> list[Vma]:
+    """Every VMA of /proc/self/smaps (header line plus its "Key: value" fields)."""
     if smaps_text is None:
         with open("/proc/self/smaps") as f:
             smaps_text = f.read()
-    vma = None
+    vmas: list[Vma] = []
     for line in smaps_text.splitlines():
         m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) ([0-9a-f]+) \S+ \d+\s*(.*)$", line)
         if m:
-            if vma is not None:
-                return vma
-            start, end = int(m.group(1), 16), int(m.group(2), 16)
-            if start <= address < end:
-                vma = Vma(start, end, m.group(3), int(m.group(4), 16), m.group(5).strip())
+            vmas.append(Vma(int(m.group(1), 16), int(m.group(2), 16), m.group(3),
+                            int(m.group(4), 16), m.group(5).strip()))
             continue
-        if vma is not None:
+        if vmas:
             k, _, v = line.partition(":")
             v = v.strip()
-            if v.endswith(" kB"):
-                vma.fields[k] = int(v[:-3]) * 1024
-            else:
-                vma.fields[k] = v
-    return vma
+            vmas[-1].fields[k] = int(v[:-3]) * 1024 if v.endswith(" kB") else v
+    return vmas
+
+
+def find_vmas(address: int, nbytes: int, smaps_text: str | None = None) -> list[Vma]:
+    """The VMAs covering [address, address + nbytes), in order; [] if any byte is unmapped."""
+    out: list[Vma] = []
+    end = address + max(nbytes, 1)
+    for v in parse_smaps(smaps_text):
+        if v.end > address and v.start < end:
+            out.append(v)
+    covered = address
+    for v in out:
+        if v.start > covered:
+            return []
+        covered = max(covered, v.end)
+    return out if covered >= end else []
+
+
+def find_vma(address: int, smaps_text: str | None = None) -> Vma | None:
+    """The VMA holding `address`."""
+    vmas = find_vmas(address, 1, smaps_text)
+    return vmas[0] if vmas else None
 
 
 @dataclass(frozen=True)
@@ -560,9 +575,12 @@ def tensor_placement(address: int, nbytes: int, smaps_text: str | None = None,
     touched (the page size is read from smaps) and while the policy that placed them is in force
     (a task policy set by memory_policy() is gone after its block), or pass `policy` =
     (name, node set) as it was at allocation. `smaps_text` is for tests."""
-    vma = find_vma(address, smaps_text)
+    vmas = find_vmas(address, nbytes, smaps_text)
     if policy is None:
-        pol, nodes, _ = _effective_policy(address)
+        pols = {(pol, tuple(ns)) for pol, ns, _ in
+                (_effective_policy(max(v.start, address)) for v in vmas)}
+        pol, nodes = (next(iter(pols)) if len(pols) == 1 else ("mixed", ()))
+        nodes = list(nodes)
     else:
         pol, nodes = policy
     nodes = nodes or memory_nodes()
@@ -572,25 +590,34 @@ def tensor_placement(address: int, nbytes: int, smaps_text: str | None = None,
         return Placement(page_bytes=page, phase=address % (page * len(nodes)), backing=backing,
                          valid=False, reason=reason, **base)
 
-    if vma is None:
-        return invalid("address not found in /proc/self/smaps")
-    if address + nbytes > vma.end:
-        return invalid("tensor spans more than one VMA: the interleave index restarts per VMA")
-    path = vma.path
-    shared = vma.perms[3:4] == "s"
-    if path.startswith("/memfd:") or path.startswith("/SYSV") or path.startswith("/dev/zero") or \
-            (shared and not path.startswith("/")) or path.startswith("/dev/shm"):
-        return invalid("shmem/memfd/shared-anonymous mapping: the interleave index is biased by "
-                       "the inode number, not modelled", "shmem")
-    if path.startswith("/"):
-        return invalid(f"file-backed mapping ({path}): page-cache pages are interleaved "
-                       "round-robin by allocation order, not by address", "file")
+    if not vmas:
+        return invalid("tensor not (wholly) mapped according to /proc/self/smaps")
+    for vma in vmas:
+        path = vma.path
+        shared = vma.perms[3:4] == "s"
+        if path.startswith(("/memfd:", "/SYSV", "/dev/zero", "/dev/shm")) or \
+                (shared and not path.startswith("/")):
+            return invalid("shmem/memfd/shared-anonymous mapping: the interleave index is biased "
+                           "by the inode number, not modelled", "shmem")
+        if path.startswith("/"):
+            return invalid(f"file-backed mapping ({path}): page-cache pages are interleaved "
+                           "round-robin by allocation order, not by address", "file")
+    if pol == "mixed":
+        return invalid("the tensor's VMAs have different memory policies", "anonymous-private")
     if pol == "weighted-interleave":
         return invalid("weighted interleave: nodes get pages in proportion to their weights, "
                        "not modelled", "anonymous-private")
     if pol != "interleave":
         return invalid(f"memory policy is '{pol}', not interleave: the interleave model does "
                        "not apply (first touch / bind decide)", "anonymous-private")
+    thps = [v.fields.get("AnonHugePages", 0) for v in vmas]
+    thps = [t if isinstance(t, int) else 0 for t in thps]
+    if any(thps) and len(vmas) > 1:
+        return invalid("transparent huge pages in a tensor spanning several VMAs: the 2 MiB "
+                       "interleave index restarts per VMA", "anonymous-private")
+    # Private anonymous VMAs (mmap, brk) have vm_pgoff = vm_start >> 12 and keep it linear across
+    # splits and merges, so with 4 KiB pages ilx = addr >> 12 even across VMA boundaries.
+    vma = vmas[0]
     thp, rss = vma.fields.get("AnonHugePages", 0), vma.fields.get("Rss", 0)
     if isinstance(thp, str) or isinstance(rss, str):
         thp, rss = 0, 0
