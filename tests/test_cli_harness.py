@@ -190,3 +190,40 @@ def test_suite_and_figure(tmp_path):
     bad.write_text('[sweep]\nmodels = ["qwen3-30b-a3b"]\ntokens = [1]\nbogus = 1\n')
     r = CliRunner().invoke(cli, ["suite", "run", str(bad)])
     assert r.exit_code == 2 and "unknown [sweep] keys ['bogus']" in r.output
+
+
+class NoBf16(Backend):
+    name = "test:nobf16"
+    description = "an int8-only backend"
+    dtypes = ("int8",)
+
+    def run(self, group):
+        raise AssertionError("never called")
+
+
+def test_dtype_a_backend_lacks_is_a_user_error(monkeypatch):
+    registry._load()
+    monkeypatch.setitem(registry.REGISTRY, NoBf16.name, NoBf16)
+    r = CliRunner().invoke(cli, ["ffn", "--backends", "test:nobf16", "--dtype", "bf16"])
+    assert r.exit_code == 2 and "backend test:nobf16 has no bf16 path (it has: int8)" in r.output
+
+
+def test_interrupted_sweep_keeps_measured_points_and_resumes(monkeypatch, tmp_results):
+    import hinabench.runner as runner
+    real = runner.run_point
+    calls = []
+
+    def interrupt_second(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(runner, "run_point", interrupt_second)
+    r = CliRunner().invoke(cli, ["ffn", *FAST, "--tokens", "1,2", "--out", str(tmp_results)])
+    assert r.exit_code == 130
+    assert "interrupted: 1 row(s) kept" in r.output and "--resume" in r.output
+    assert [row["tokens_per_expert"] for row in read_rows(tmp_results)] == ["1"]
+    monkeypatch.setattr(runner, "run_point", real)
+    assert invoke("ffn", *FAST, "--tokens", "1,2", "--out", str(tmp_results), "--resume").exit_code == 0
+    assert [row["tokens_per_expert"] for row in read_rows(tmp_results)] == ["1", "2"]
