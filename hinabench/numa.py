@@ -460,6 +460,21 @@ def memory_policy(policy: str, nodes: Iterable[int] | None = None):
         api.set_mempolicy(old_mode, old_nodes if old_mode not in (MPOL_DEFAULT, MPOL_LOCAL) else ())
 
 
+MPOL_MF_MOVE = 1 << 1
+
+
+def interleave_range(address: int, nbytes: int, nodes: Iterable[int] | None = None) -> None:
+    """mbind(MPOL_INTERLEAVE) over the pages of [address, address + nbytes): a VMA policy, so it
+    holds whichever thread first touches the pages (a task policy from memory_policy() holds only
+    for the calling thread -- OpenMP workers filling a tensor would place it by first touch).
+    Pages already present are migrated (MPOL_MF_MOVE). Call between allocation and first touch.
+    """
+    start = address // PAGE_4K * PAGE_4K
+    end = (address + nbytes + PAGE_4K - 1) // PAGE_4K * PAGE_4K
+    numa_api().mbind(start, end - start, MPOL_INTERLEAVE,
+                     list(nodes) if nodes is not None else memory_nodes(), MPOL_MF_MOVE)
+
+
 def page_nodes(addresses: list[int]) -> list[int]:
     """The kernel's answer: the node of the page at each address (move_pages, no target nodes).
     Negative values are -errno (-ENOENT: page not present, -EFAULT: not mapped)."""

@@ -261,3 +261,13 @@ def test_torch_tensor_placement_is_modelled_or_refused_with_a_reason():
     if p.valid:
         addrs = list(range(t.data_ptr() // 4096 * 4096, t.data_ptr() + t.numel() * 2, 4096))
         assert nm.page_nodes(addrs) == [p.model_node(a) for a in addrs]
+
+
+def test_interleave_range_then_multithreaded_touch():
+    torch = pytest.importorskip("torch")
+    t = torch.empty(256, 4096, dtype=torch.bfloat16)
+    nm.interleave_range(t.data_ptr(), t.numel() * 2)
+    t.fill_(1.0)                                            # torch's threads fault the pages in
+    p = nm.tensor_placement(t.data_ptr(), t.numel() * 2)
+    assert p.policy == "interleave"
+    assert p.valid or "page sizes" in p.reason or "several VMAs" in p.reason, p.reason
