@@ -186,17 +186,22 @@ def _emit(rows, as_json, title):
               help="Seconds of samples per backend per round when calibrating.")
 @click.option("--warmup", default=2, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--numa", "numa", default="default", show_default=True,
+              help="Memory policies for the weights, comma-separated: default (first touch), "
+                   "interleave (all nodes, like numactl --interleave=all), bind:N.")
+@click.option("--perf", is_flag=True, help="Count local/remote DRAM loads with perf around the samples.")
 @click.option("--out", default=None, help="Results file (.csv or .parquet). Default: results/<machine>/ffn-<model>-<time>.csv")
 @click.option("--resume", is_flag=True, help="Skip points already in --out.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON on stdout.")
 def ffn(model_names, tokens, experts, backends, dtype, threads, repeats, rounds, min_time, warmup,
-        seed, out, resume, as_json):
+        seed, numa, perf, out, resume, as_json):
     """Time the MoE expert FFN of a model on every backend, side by side, validated first."""
     from .suite import Sweep, run_sweep
     sweep = Sweep(models=[m for m in model_names.split(",") if m.strip()], tokens=_ints(tokens, "--tokens"),
                   experts=experts, backends=backends, dtype=dtype,
                   threads=_ints(threads, "--threads") if threads else None, repeats=repeats,
-                  rounds=rounds, min_time=min_time, warmup=warmup, seed=seed)
+                  rounds=rounds, min_time=min_time, warmup=warmup, seed=seed,
+                  numa=[p for p in numa.split(",") if p.strip()], perf=perf)
     run_sweep(sweep, out=out, resume=resume, as_json=as_json, name="ffn", command=_command())
 
 

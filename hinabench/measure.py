@@ -52,7 +52,9 @@ class RoundResult:
 
 
 def measure_round(run: Callable[[int], object], rnd: int, plan: RoundPlan, state: MeasureState,
-                  buffers: list[tuple[int, int]], threads: int, groups: int) -> RoundResult:
+                  buffers: list[tuple[int, int]], threads: int, groups: int,
+                  counter=None) -> RoundResult:
+    """`counter` (a perf.PerfSession, or None) counts exactly the sample loop."""
     call = state.calls
     if rnd == 0:
         dt = 0.0
@@ -74,12 +76,16 @@ def measure_round(run: Callable[[int], object], rnd: int, plan: RoundPlan, state
     res = RoundResult()
     res.probes.append(read_gbps(buffers, threads)[:2])
     with LoadMeter() as m:
+        if counter is not None:
+            counter.enable()
         for _ in range(state.per_round):
             g = call % groups
             t0 = time.perf_counter()
             run(g)
             res.samples.append(time.perf_counter() - t0)
             call += 1
+        if counter is not None:
+            counter.disable()
     res.other_cpus = m.other_cpus
     res.probes.append(read_gbps(buffers, threads)[:2])
     state.calls = call

@@ -125,7 +125,13 @@ class ProblemData:
     w_down: torch.Tensor            # [E_alloc, H, I]
     topk_ids: list[torch.Tensor]    # per rotation group: [T, A] int32
     topk_weights: torch.Tensor      # [T, A] float32, positive, rows sum to 1
+    numa: str = "default"           # the policy the weights were placed under
     _reference: dict = field(default_factory=dict, repr=False)
+
+    def placement(self) -> dict:
+        """Where the model says w13's pages are (page size, phase, policy), or why it cannot say."""
+        from .numa import tensor_placement
+        return tensor_placement(self.w13.data_ptr(), self.w13.numel() * self.w13.element_size()).as_row()
 
     @property
     def w_gate(self) -> torch.Tensor:
@@ -167,8 +173,39 @@ def fill_bf16(t: torch.Tensor, seed: int, scale: float) -> None:
     _C.fill_bf16(t.data_ptr(), t.numel(), seed, scale, torch.get_num_threads())
 
 
-def materialize(problem: FFNProblem, llc_bytes: int | None = None, rotate: bool = True) -> ProblemData:
-    """Allocate and fill a problem's tensors. `rotate=False` allocates one group (tests)."""
+def parse_numa_policy(policy: str) -> tuple[str, list[int] | None]:
+    """'default' (first touch) | 'interleave' (all nodes, like numactl --interleave=all) |
+    'bind:N' -> (mode, nodes). Raises UserError for anything else or a node that does not exist."""
+    from .numa import memory_nodes
+    p = policy.strip().lower()
+    if p in ("default", "interleave"):
+        return p, None if p == "default" else memory_nodes()
+    if p.startswith("bind:"):
+        try:
+            n = int(p.split(":", 1)[1])
+        except ValueError:
+            n = -1
+        if n not in memory_nodes():
+            raise UserError(f"--numa {policy}: no memory node {p.split(':', 1)[1]} here "
+                            f"(nodes: {', '.join(map(str, memory_nodes()))})")
+        return "bind", [n]
+    raise UserError(f"unknown NUMA policy '{policy}'; known: default, interleave, bind:N")
+
+
+def _place(t: torch.Tensor, mode: str, nodes: list[int] | None) -> None:
+    """Give an untouched tensor's pages a VMA policy (mbind) before the multi-threaded fill touches
+    them: interleave over `nodes`, or all on one node (bind = interleave over that one node)."""
+    if mode == "default":
+        return
+    from .numa import interleave_range
+    interleave_range(t.data_ptr(), t.numel() * t.element_size(), nodes)
+
+
+def materialize(problem: FFNProblem, llc_bytes: int | None = None, rotate: bool = True,
+                numa: str = "default") -> ProblemData:
+    """Allocate and fill a problem's tensors under a NUMA policy (see parse_numa_policy).
+    `rotate=False` allocates one group (tests)."""
+    mode, nodes = parse_numa_policy(numa)
     from .sysinfo import llc_bytes as detect_llc
     p = problem
     groups = p.rotation_groups(llc_bytes or detect_llc()) if rotate else 1
@@ -176,6 +213,8 @@ def materialize(problem: FFNProblem, llc_bytes: int | None = None, rotate: bool 
     dt = DTYPES[p.dtype]
     w13 = torch.empty(E, 2 * p.I, p.H, dtype=dt)
     w_down = torch.empty(E, p.H, p.I, dtype=dt)
+    _place(w13, mode, nodes)
+    _place(w_down, mode, nodes)
     # Magnitudes ~ 1/sqrt(fan-in), so activations stay O(1) through the FFN.
     fill_bf16(w13, _seed(p.seed, "w13"), 1.0 / math.sqrt(p.H))
     fill_bf16(w_down, _seed(p.seed, "w_down"), 1.0 / math.sqrt(p.I))
@@ -191,7 +230,9 @@ def materialize(problem: FFNProblem, llc_bytes: int | None = None, rotate: bool 
     for g in range(groups):
         order = torch.argsort(r[g + 1].float(), dim=1, stable=True)
         ids.append((order + g * p.A).to(torch.int32).contiguous())
-    return ProblemData(p, groups, x, w13, w_down, ids, topk_weights)
+    data = ProblemData(p, groups, x, w13, w_down, ids, topk_weights)
+    data.numa = numa
+    return data
 
 
 def with_tokens(problem: FFNProblem, tokens: int) -> FFNProblem:

@@ -34,6 +34,11 @@ COLUMNS = [
     "roofline_ms", "bound", "gbps", "gflops", "pct_bw", "efficiency",
     # memory and cache policy
     "extra_bytes", "rotation_groups", "allocated_bytes",
+    # NUMA: where the weights are (the placement model), and the remote traffic, modeled and counted
+    "placement_policy", "placement_nodes", "placement_page_bytes", "placement_phase",
+    "placement_backing", "placement_model_valid", "placement_reason",
+    "work_partition", "remote_fraction_model", "remote_fraction_basis",
+    "remote_fraction_perf", "dram_local_loads", "dram_remote_loads", "perf_status", "perf_reason",
     # conditions
     "load_other_cpus", "load_warning", "loadavg_before",
     # provenance

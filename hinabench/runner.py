@@ -39,6 +39,7 @@ LOAD_WARNING_CPUS = 0.25
 @dataclass
 class RunConfig(RoundPlan):
     seed: int = 0
+    perf: bool = False           # count DRAM loads (local/remote) with perf around the samples
     numa: str = "default"
     command: str = field(default_factory=lambda: " ".join(shlex.quote(a) for a in
                                                           ["hinabench"] + sys.argv[1:]))
@@ -127,7 +128,11 @@ def run_point(problem: FFNProblem, names: list[str], threads: int, cfg: RunConfi
             continue
         t.active = True
     if any(t.active for t in todo) and data is None:
-        data = materialize(problem)
+        data = materialize(problem, numa=cfg.numa)
+    placement = data.placement() if data is not None else {}
+    for t in todo:
+        t.row.update(placement)
+        t.row.update(_remote_model(cfg.numa, backend_registry.get(t.name).work_partition, problem, placement))
     ref = data.reference(0) if data is not None else None
     for t in todo:
         if not t.active:
@@ -155,18 +160,30 @@ def run_point(problem: FFNProblem, names: list[str], threads: int, cfg: RunConfi
     # -- interleaved rounds
     active = [t for t in todo if t.active]
     plan = RoundPlan(**{k: getattr(cfg, k) for k in RoundPlan.__dataclass_fields__})
+    # perf attaches after the validation calls, so every thread pool the backends use exists
+    counters = {id(t): _start_perf(t) for t in active} if cfg.perf else {}
     for rnd in range(cfg.rounds):
         k = rnd % max(len(active), 1)
         for t in active[k:] + active[:k]:
             if not t.active:
                 continue
             try:
-                res = t.backend.measure_round(rnd, plan)
+                res = t.backend.measure_round(rnd, plan, counters.get(id(t)))
                 t.samples += res.samples
                 t.probes += res.probes
                 t.load.append(res.other_cpus)
             except Exception as e:
                 _fail(t, "failed", f"{type(e).__name__}: {e}".splitlines()[0] + _where(e))
+
+    for t in active:
+        if id(t) in counters:
+            counters[id(t)].__exit__(None, None, None)
+            t.row.update(counters[id(t)].result.row())
+    if cfg.perf:
+        from .perf import unsupported_row
+        for t in todo:
+            if t.row.get("perf_status") is None:
+                t.row.update(unsupported_row(f"not counted: backend status {t.row.get('status')}"))
 
     # -- statistics, roofline, storage
     peak, unit = peak_gflops(threads)
@@ -196,6 +213,39 @@ def run_point(problem: FFNProblem, names: list[str], threads: int, cfg: RunConfi
     del data, timed, todo, active
     gc.collect()
     return rows
+
+
+def _start_perf(t: _Timed):
+    session = t.backend.perf_session()
+    session.__enter__()
+    return session
+
+
+def _remote_model(policy: str, partition: str, problem: FFNProblem, placement: dict) -> dict:
+    """remote_fraction_model: the share of weight bytes the backend's work partition reads from a
+    remote node, under the placement model (Section 5); None where the model does not apply."""
+    from .numa import memory_nodes, node_cpus, remote_fraction_model_ffn
+    from .problem import parse_numa_policy
+    mode, nodes = parse_numa_policy(policy)
+    out = {"work_partition": partition}
+    if mode == "default":
+        return {**out, "remote_fraction_model": None,
+                "remote_fraction_basis": "first touch: placement depends on which thread touched each page; not modeled"}
+    if mode == "bind":
+        cpus = os.sched_getaffinity(0)
+        local = len(cpus & set(node_cpus(nodes[0])))
+        return {**out, "remote_fraction_model": 1 - local / max(len(cpus), 1),
+                "remote_fraction_basis": f"bind: all weights on node {nodes[0]}; threads spread over the "
+                                         f"{len(cpus)} CPUs of this process"}
+    if not placement.get("placement_model_valid"):
+        return {**out, "remote_fraction_model": None,
+                "remote_fraction_basis": f"placement model does not apply: {placement.get('placement_reason')}"}
+    n = len(nodes or memory_nodes())
+    f = remote_fraction_model_ffn(partition, problem.H, problem.I, problem.A, nodes=n,
+                                  page_bytes=int(placement["placement_page_bytes"]),
+                                  phase=int(placement["placement_phase"]))
+    return {**out, "remote_fraction_model": f,
+            "remote_fraction_basis": f"modeled: interleave over {n} node(s), {partition} partition"}
 
 
 def _where(e: BaseException) -> str:

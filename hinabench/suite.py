@@ -40,6 +40,8 @@ class Sweep:
     min_time: float = 0.3
     warmup: int = 2
     seed: int = 0
+    numa: list[str] | None = None      # memory policies: default, interleave, bind:N
+    perf: bool = False
 
     def problems(self) -> list[FFNProblem]:
         """Every point's problem, validated before anything is measured."""
@@ -66,6 +68,8 @@ def load_suite(path: str) -> tuple[Sweep, str]:
         s["backends"] = ",".join(s["backends"])
     if isinstance(s.get("models"), str):
         s["models"] = [s["models"]]
+    if isinstance(s.get("numa"), str):
+        s["numa"] = [s["numa"]]
     for req in ("models", "tokens"):
         if req not in s:
             raise UserError(f"{path}: [sweep] needs '{req}'")
@@ -101,8 +105,12 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, as_json: bool, name: 
     store = ResultStore(out or default_out(name, sweep.models))
     store.check_writable()
     skip = store.done_keys() if resume else set()
+    from .problem import parse_numa_policy
+    policies = sweep.numa or ["default"]
+    for pol in policies:
+        parse_numa_policy(pol)
     cfg = RunConfig(rounds=sweep.rounds, warmup=sweep.warmup, repeats=sweep.repeats,
-                    min_time=sweep.min_time, seed=sweep.seed)
+                    min_time=sweep.min_time, seed=sweep.seed, perf=sweep.perf)
     if command:
         cfg.command = command
     err = _console_err()
@@ -111,7 +119,7 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, as_json: bool, name: 
                   f"{len(names)} backend(s) -> {store.path}")
         err.print(summary(), style="dim")
     rows: list[dict] = []
-    total = len(problems) * len(threads) * len(names)
+    total = len(problems) * len(threads) * len(names) * len(policies)
     progress = None
     if not as_json and sys.stderr.isatty():
         from rich.progress import Progress
@@ -119,12 +127,14 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, as_json: bool, name: 
         task = progress.add_task("measuring", total=total)
         progress.start()
     try:
-        for p in problems:
-            for t in threads:
-                if progress is not None:
-                    progress.update(task, description=f"{p} threads={t}")
-                rows += run_point(p, names, t, cfg, store=store, skip=skip,
-                                  progress=(lambda: progress.advance(task)) if progress else None)
+        for pol in policies:
+            cfg.numa = pol
+            for p in problems:
+                for t in threads:
+                    if progress is not None:
+                        progress.update(task, description=f"{p} threads={t} numa={pol}")
+                    rows += run_point(p, names, t, cfg, store=store, skip=skip,
+                                      progress=(lambda: progress.advance(task)) if progress else None)
     except KeyboardInterrupt:
         if progress is not None:
             progress.stop()

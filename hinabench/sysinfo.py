@@ -110,23 +110,10 @@ def thp_mode() -> str:
     return m.group(1) if m else "unknown"
 
 
-@functools.lru_cache(maxsize=1)
 def perf_hw_counters() -> tuple[bool, str]:
     """Does `perf stat` count a hardware event here? (True, "") or (False, why)."""
-    try:
-        r = subprocess.run(["perf", "stat", "-x", ";", "-e", "instructions", "true"],
-                           capture_output=True, text=True, timeout=20)
-    except FileNotFoundError:
-        return False, "perf is not installed"
-    except subprocess.TimeoutExpired:
-        return False, "perf stat timed out"
-    for line in r.stderr.splitlines():
-        fields = line.split(";")
-        if len(fields) > 2 and fields[2].startswith("instructions"):
-            if fields[0].startswith("<"):
-                return False, f"perf stat: hardware events {fields[0]} on this machine"
-            return True, ""
-    return False, f"perf stat failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}"
+    from .perf import probe
+    return probe(("instructions",))
 
 
 def isa() -> dict:

@@ -227,3 +227,30 @@ def test_interrupted_sweep_keeps_measured_points_and_resumes(monkeypatch, tmp_re
     monkeypatch.setattr(runner, "run_point", real)
     assert invoke("ffn", *FAST, "--tokens", "1,2", "--out", str(tmp_results), "--resume").exit_code == 0
     assert [row["tokens_per_expert"] for row in read_rows(tmp_results)] == ["1", "2"]
+
+
+def test_numa_policies_and_perf_columns(tmp_results):
+    r = invoke("ffn", *FAST, "--tokens", "1", "--numa", "default,interleave,bind:0", "--perf",
+               "--out", str(tmp_results))
+    assert r.exit_code == 0, r.output
+    rows = {row["numa"]: row for row in read_rows(tmp_results)}
+    assert set(rows) == {"default", "interleave", "bind:0"}
+    assert rows["default"]["remote_fraction_model"] == "" and "first touch" in rows["default"]["remote_fraction_basis"]
+    assert rows["interleave"]["placement_model_valid"] == "True"
+    assert rows["interleave"]["work_partition"] == "row-split"
+    n_nodes = len(json.loads(invoke("sysinfo", "--json").output)["numa_nodes"])
+    if n_nodes == 1:
+        assert float(rows["interleave"]["remote_fraction_model"]) == 0.0
+        assert float(rows["bind:0"]["remote_fraction_model"]) == 0.0
+    for row in rows.values():
+        assert row["status"] == "ok"
+        assert row["perf_status"] in ("ok", "unsupported", "error")
+        if row["perf_status"] != "ok":                 # never a made-up number
+            assert row["perf_reason"] and row["remote_fraction_perf"] == "" and row["dram_remote_loads"] == ""
+
+
+def test_unknown_numa_policy_is_a_user_error():
+    r = CliRunner().invoke(cli, ["ffn", "--numa", "spread"])
+    assert r.exit_code == 2 and "unknown NUMA policy 'spread'" in r.output
+    r = CliRunner().invoke(cli, ["ffn", "--numa", "bind:7"])
+    assert r.exit_code == 2 and "no memory node 7" in r.output

@@ -22,6 +22,10 @@ class Backend(ABC):
     name: ClassVar[str]            # registry key, "family:variant" where there are variants
     description: ClassVar[str]     # one line a reader can trust: what code path this is
     dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
+    # How the backend splits a weight matrix's work across threads, for the remote-traffic model
+    # (hinabench.numa.remote_fraction_model): "row-split" (output rows across all threads, as
+    # oneDNN / IPEX / torch do), "hina" (Section 5's local segments), "tp-split", "per-node-copy".
+    work_partition: ClassVar[str] = "row-split"
 
     def __init__(self, threads: int):
         self.threads = threads
@@ -47,14 +51,20 @@ class Backend(ABC):
     def run(self, group: int) -> torch.Tensor:
         """One MoE FFN call on rotation group `group`; returns out [T, H]."""
 
-    def measure_round(self, rnd: int, plan: RoundPlan) -> RoundResult:
+    def measure_round(self, rnd: int, plan: RoundPlan, counter=None) -> RoundResult:
         """This backend's turn in round `rnd`. In-process: time self.run here; a worker-backed
-        backend does the same inside its own process (and probes its own buffers there)."""
+        backend does the same inside its own process (and probes its own buffers there).
+        `counter`: the perf session from perf_session(), enabled around the samples only."""
         if getattr(self, "_state", None) is None:
             self._state = MeasureState()
         d = self.data
         buffers = [b for g in range(d.groups) for b in d.group_buffers(g)]
-        return measure_round(self.run, rnd, plan, self._state, buffers, self.threads, d.groups)
+        return measure_round(self.run, rnd, plan, self._state, buffers, self.threads, d.groups, counter)
+
+    def perf_session(self):
+        """A perf session on the process that runs the kernel (this one, for in-process backends)."""
+        from ..perf import PerfSession
+        return PerfSession()
 
     def extra_bytes(self) -> int:
         """Bytes this backend allocated beyond the problem's own tensors (packed copies, ...)."""
