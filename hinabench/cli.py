@@ -224,7 +224,7 @@ def suite_run(path, out, resume, as_json):
 
 
 @cli.command()
-@click.argument("name", type=click.Choice(["fig10"]))
+@click.argument("name", type=click.Choice(["fig10", "fig15"]))
 @click.argument("results", nargs=-1, required=True)
 @click.option("--out", "out_dir", default=None, help="Directory for the figure (default: beside the results).")
 def figure(name, results, out_dir):

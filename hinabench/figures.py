@@ -96,4 +96,66 @@ def fig10(results: list[str], out_dir: str | None = None) -> list[Path]:
     return [png, side]
 
 
-FIGURES = {"fig10": fig10}
+def fig15(results: list[str], out_dir: str | None = None) -> list[Path]:
+    """Remote-DRAM fraction per backend and model, weights interleaved: measured (perf) where the
+    counters worked, modeled otherwise, and each bar says which."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    df = load_frame(results)
+    if "remote_fraction_model" not in df:
+        raise UserError("these rows have no NUMA columns: make them with --numa interleave (suites/fig15.toml)")
+    df = df[df["numa"] == "interleave"]
+    if df.empty:
+        raise UserError("no rows with --numa interleave in the results given")
+    for c in ("remote_fraction_model", "remote_fraction_perf"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    models = list(dict.fromkeys(df["model"]))
+    backends = list(dict.fromkeys(df["backend"]))
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.6 * len(backends) * len(models) / 2), 5.2))
+    width = 0.8 / max(len(models), 1)
+    for i, model in enumerate(models):
+        m = df[df["model"] == model].groupby("backend").first()
+        for j, b in enumerate(backends):
+            if b not in m.index:
+                continue
+            r = m.loc[b]
+            measured = r["remote_fraction_perf"]
+            val, kind = (measured, "measured") if pd.notna(measured) else (r["remote_fraction_model"], "modeled")
+            x = j + (i - (len(models) - 1) / 2) * width
+            if pd.isna(val):
+                ax.text(x, 0.01, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
+                continue
+            ax.bar(x, val, width * 0.9, color=plt.cm.tab10(i % 10), hatch=None if kind == "measured" else "//",
+                   edgecolor="black", label=model if j == 0 else None)
+            ax.text(x, val + 0.01, kind, ha="center", va="bottom", fontsize=6, rotation=90)
+    ax.set_xticks(range(len(backends)))
+    ax.set_xticklabels(backends, rotation=30, ha="right")
+    ax.set_ylabel("fraction of weight bytes read from a remote node")
+    ax.set_ylim(0, 1.05)
+    nodes = df["placement_nodes"].dropna().astype(str).iloc[0] if "placement_nodes" in df and df["placement_nodes"].notna().any() else "?"
+    ax.set_title(f"Remote DRAM traffic, weights interleaved over node(s) {nodes}\n"
+                 "hatched: modeled (placement model x work partition); solid: perf counters", fontsize=10)
+    ax.legend(fontsize=8)
+    machine = str(df["fingerprint"].dropna().iloc[0]) if df["fingerprint"].notna().any() else ""
+    ran = df[df["status"].isin(["ok", "wrong"])]
+    reasons = sorted(set(ran["perf_reason"].dropna().astype(str))) if "perf_reason" in ran else []
+    caption = machine + (f". perf: {reasons[0][:200]}" if reasons else "")
+    fig.text(0.5, 0.005, "\n".join(textwrap.wrap(caption, 150)), ha="center", va="bottom", fontsize=7)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    out = Path(out_dir) if out_dir else Path(results[0]).parent
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / "fig15.png"
+    fig.savefig(png, dpi=130)
+    plt.close(fig)
+    side = out / "fig15.txt"
+    cmds = sorted(set(df["command"].dropna()))
+    side.write_text(f"{caption}\nmade by: hinabench figure fig15 {' '.join(results)}\nfrom rows made by:\n"
+                    + "\n".join(f"  {c}" for c in cmds) + "\n")
+    return [png, side]
+
+
+FIGURES = {"fig10": fig10, "fig15": fig15}

@@ -254,3 +254,14 @@ def test_unknown_numa_policy_is_a_user_error():
     assert r.exit_code == 2 and "unknown NUMA policy 'spread'" in r.output
     r = CliRunner().invoke(cli, ["ffn", "--numa", "bind:7"])
     assert r.exit_code == 2 and "no memory node 7" in r.output
+
+
+def test_fig15_from_numa_rows(tmp_path):
+    out = tmp_path / "n.csv"
+    assert invoke("ffn", *FAST, "--tokens", "1", "--numa", "interleave", "--perf", "--out", str(out)).exit_code == 0
+    r = invoke("figure", "fig15", str(out), "--out", str(tmp_path))
+    assert r.exit_code == 0 and (tmp_path / "fig15.png").stat().st_size > 10_000
+    plain = tmp_path / "plain.csv"
+    assert invoke("ffn", *FAST, "--tokens", "1", "--out", str(plain)).exit_code == 0
+    r = CliRunner().invoke(cli, ["figure", "fig15", str(plain)])
+    assert r.exit_code == 2 and "--numa interleave" in r.output
