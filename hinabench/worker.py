@@ -1,0 +1,289 @@
+"""The worker: one peer's kernel in its own process (and usually its own virtual environment).
+
+Run as `<env python> -m hinabench.worker`, with PYTHONPATH pointing at the env's `hinabench-path`
+(a symlink to the harness's own package, see envs.py). Protocol, version 1: one JSON object per line
+on stdin, one reply per line on stdout; no pickle, no tensors but the validation output.
+
+  {"v":1, "op":"hello"}                      -> {"ok":true, "versions":{...}, "env":{...}}
+  {"v":1, "op":"prepare", "problem":{...}, "llc_bytes":N, "rotate":true, "groups":R,
+   "backend":"vllm:sgl", "module":"vllm", "variant":"sgl", "threads":2}
+                                             -> {"ok":true, "prepare_ms":..., "extra_bytes":..., "groups":R}
+  {"v":1, "op":"validate", "group":0}        -> {"ok":true, "shape":[T,H], "dtype":"bf16", "data":base64}
+  {"v":1, "op":"round", "rnd":0, "plan":{...}} -> {"ok":true, "result": RoundResult.as_dict()}
+  {"v":1, "op":"close"}                      -> {"ok":true}; the worker exits
+Any error: {"ok":false, "status":"unsupported"|"failed", "reason":"..."}.
+
+The worker rebuilds the problem from its seed with `hinabench.problem.materialize` (the same bits as
+the harness's, whatever torch this env has), so no weights cross the pipe; it times its own calls with
+`hinabench.measure.measure_round`, with a read probe over its own weight buffers in its own process.
+
+A peer adapter is a module under hinabench.backends with a `make_peer(variant, threads)` function
+returning an object with prepare(data), run(group) -> out [T, H], and optionally extra_bytes(),
+buffers() (what the kernel reads: packed copies), versions() and close(). Imports stay minimal here:
+a peer's torch must not be asked for more of hinabench than the problem and the measurement.
+"""
+from __future__ import annotations
+
+import base64
+import ctypes
+import importlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+PROTOCOL = 1
+ENV_PREFIXES = ("OMP_", "KMP_", "ONEDNN_", "DNNL_", "MKL_", "GOMP_", "VLLM_", "GGML_", "LLAMA_",
+                "IPEX_", "KT_", "LD_PRELOAD", "TORCH_", "ATEN_")
+
+
+class PeerUnsupported(Exception):
+    """Raised by a peer adapter: this variant cannot run here (a row with status `unsupported`)."""
+
+
+def _extend_package_path() -> None:
+    """An editable install keeps the compiled _C apart from the sources: let `hinabench._C` find it."""
+    import hinabench
+    native = os.environ.get("HINABENCH_NATIVE_DIR")
+    if native and native not in hinabench.__path__:
+        hinabench.__path__.append(native)
+
+
+def relevant_env() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+
+
+def package_versions(names) -> dict[str, str]:
+    from importlib import metadata
+    out = {}
+    for n in names:
+        try:
+            out[n] = metadata.version(n)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def encode_tensor(t) -> dict:
+    import torch
+    t = t.detach().to(torch.bfloat16).contiguous()
+    raw = ctypes.string_at(t.data_ptr(), t.numel() * 2) if t.numel() else b""
+    return {"shape": list(t.shape), "dtype": "bf16", "data": base64.b64encode(raw).decode("ascii")}
+
+
+def decode_tensor(msg: dict):
+    import torch
+    raw = base64.b64decode(msg["data"])
+    if not raw:
+        return torch.empty(msg["shape"], dtype=torch.bfloat16)
+    return torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).reshape(msg["shape"]).clone()
+
+
+def problem_to_dict(problem, llc_bytes: int, groups: int) -> dict:
+    m = problem.model
+    return {"name": m.name, "hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
+            "routed_experts": m.routed_experts, "top_k": m.top_k,
+            "tokens_per_expert": problem.tokens_per_expert, "active_experts": problem.active_experts,
+            "dtype": problem.dtype, "seed": problem.seed}
+
+
+def problem_from_dict(d: dict):
+    from .models import Model
+    from .problem import FFNProblem
+    m = Model(d["name"], int(d["hidden_size"]), int(d["intermediate_size"]), int(d["routed_experts"]),
+              int(d["top_k"]), 0, 1, 1, 1, 1, 1, "from the harness")
+    return FFNProblem.create(m, int(d["tokens_per_expert"]), int(d["active_experts"]), d["dtype"],
+                             int(d["seed"]))
+
+
+# ---- the selftest peer: the worker protocol and crash isolation, tested in the main environment ----
+class SelfTestPeer:
+    """`selftest:<variant>`: naive (the torch loop), sigill (kills itself with SIGILL in prepare, as an
+    AMX-only path does on a CPU without AMX), sigill-run (the same in the first call), hang (sleeps
+    forever in prepare), hang-round (in the timed loop), raise (an exception), unsupported, wrong
+    (a result off by 2x), sigkill (dies by SIGKILL, as the OOM killer kills)."""
+
+    def __init__(self, variant: str, threads: int):
+        self.variant, self.threads = variant, threads
+        self.calls = 0
+
+    def prepare(self, data) -> None:
+        v = self.variant
+        self.data = data
+        if v == "sigill":
+            os.kill(os.getpid(), signal.SIGILL)
+        if v == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if v == "hang":
+            time.sleep(3600)
+        if v == "raise":
+            raise RuntimeError("selftest: the peer raised in prepare")
+        if v == "unsupported":
+            raise PeerUnsupported("selftest: this variant needs an ISA this CPU lacks")
+        if v not in ("naive", "sigill-run", "hang-round", "wrong"):
+            raise PeerUnsupported(f"selftest has no variant '{v}'")
+
+    def run(self, group: int):
+        import torch
+        import torch.nn.functional as F
+        self.calls += 1
+        if self.variant == "sigill-run":
+            os.kill(os.getpid(), signal.SIGILL)
+        if self.variant == "hang-round" and self.calls > 1:
+            time.sleep(3600)
+        d = self.data
+        x, w, ids = d.x, d.topk_weights, d.topk_ids[group].long()
+        out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32)
+        for e in torch.unique(ids).tolist():
+            tok, slot = torch.nonzero(ids == e, as_tuple=True)
+            h = F.silu(F.linear(x[tok], d.w_gate[e])) * F.linear(x[tok], d.w_up[e])
+            out.index_add_(0, tok, F.linear(h, d.w_down[e]).float() * w[tok, slot].unsqueeze(1))
+        if self.variant == "wrong":
+            out *= 2
+        return out.to(x.dtype)
+
+    def versions(self) -> dict:
+        return {}
+
+
+def make_peer(module: str, variant: str, threads: int):
+    if module == "selftest":
+        return SelfTestPeer(variant, threads)
+    mod = importlib.import_module(f"hinabench.backends.{module}")
+    return mod.make_peer(variant, threads)
+
+
+# ---- the loop --------------------------------------------------------------------------------------
+class Worker:
+    def __init__(self):
+        self.peer = None
+        self.data = None
+        self.state = None
+        self.threads = 1
+        self.module = ""
+        self.perf = None
+
+    def hello(self, msg: dict) -> dict:
+        import torch
+        from . import __version__
+        v = {"torch": torch.__version__, "python": sys.version.split()[0], "hinabench": __version__}
+        v.update(package_versions(msg.get("packages", [])))
+        return {"versions": v, "env": relevant_env(), "pid": os.getpid(), "executable": sys.executable,
+                "prefix": sys.prefix}
+
+    def prepare(self, msg: dict) -> dict:
+        import torch
+        from .problem import materialize
+        self.threads = int(msg.get("threads", 1))
+        torch.set_num_threads(self.threads)
+        problem = problem_from_dict(msg["problem"])
+        kw = {"numa": msg["numa"]} if msg.get("numa", "default") != "default" else {}
+        self.data = materialize(problem, llc_bytes=int(msg["llc_bytes"]), rotate=bool(msg.get("rotate", True)),
+                                **kw)
+        want = msg.get("groups")
+        if want is not None and self.data.groups != int(want):
+            raise RuntimeError(f"rotation groups differ: harness {want}, worker {self.data.groups}")
+        self.module = msg.get("module") or msg["backend"].split(":")[0]
+        self.peer = make_peer(self.module, msg.get("variant", ""), self.threads)
+        t0 = time.perf_counter()
+        self.peer.prepare(self.data)
+        prepare_ms = (time.perf_counter() - t0) * 1e3
+        extra = int(getattr(self.peer, "extra_bytes", lambda: 0)())
+        versions = dict(getattr(self.peer, "versions", lambda: {})())
+        return {"prepare_ms": prepare_ms, "extra_bytes": extra, "groups": self.data.groups,
+                "versions": versions}
+
+    def validate(self, msg: dict) -> dict:
+        out = self.peer.run(int(msg.get("group", 0)))
+        return encode_tensor(out)
+
+    def round(self, msg: dict) -> dict:
+        from .measure import MeasureState, RoundPlan, measure_round
+        if self.state is None:
+            self.state = MeasureState()
+        plan = RoundPlan(**msg["plan"])
+        d = self.data
+        bufs = getattr(self.peer, "buffers", None)
+        buffers = bufs() if bufs else [b for g in range(d.groups) for b in d.group_buffers(g)]
+        counter = None
+        if msg.get("perf"):
+            if self.perf is None:
+                from .perf import PerfSession
+                self.perf = PerfSession()        # on this process: the kernel's threads are here
+                self.perf.__enter__()
+            counter = self.perf
+        args = (self.peer.run, int(msg["rnd"]), plan, self.state, buffers, self.threads, d.groups)
+        res = measure_round(*args, counter) if counter is not None else measure_round(*args)
+        return {"result": res.as_dict()}
+
+    def perf_result(self, msg: dict) -> dict:
+        if self.perf is None:
+            return {"perf": {"remote_fraction_perf": None, "dram_local_loads": None, "dram_remote_loads": None,
+                             "perf_status": "unsupported", "perf_reason": "the worker counted no round"}}
+        self.perf.__exit__(None, None, None)
+        row, self.perf = self.perf.result.row(), None
+        return {"perf": row}
+
+    def handle(self, msg: dict) -> dict:
+        if msg.get("v") != PROTOCOL:
+            return {"ok": False, "status": "failed",
+                    "reason": f"protocol version {msg.get('v')} asked, this worker speaks {PROTOCOL}"}
+        op = msg.get("op")
+        fn = {"hello": self.hello, "prepare": self.prepare, "validate": self.validate,
+              "round": self.round, "perf_result": self.perf_result}.get(op)
+        if fn is None:
+            return {"ok": False, "status": "failed", "reason": f"unknown op '{op}'"}
+        if op in ("validate", "round", "perf_result") and self.peer is None:
+            return {"ok": False, "status": "failed", "reason": f"'{op}' before a successful 'prepare'"}
+        try:
+            out = fn(msg)
+        except PeerUnsupported as e:
+            return {"ok": False, "status": "unsupported", "reason": str(e)}
+        except MemoryError:
+            return {"ok": False, "status": "failed", "reason": f"out of memory in '{op}'"}
+        except Exception as e:
+            tb = traceback.extract_tb(e.__traceback__)
+            where = f" (at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno})" if tb else ""
+            traceback.print_exc(file=sys.stderr)
+            first = (str(e).strip().splitlines() or [""])[0]
+            return {"ok": False, "status": "failed", "reason": f"{type(e).__name__}: {first}{where}"}
+        out["ok"] = True
+        return out
+
+
+def main() -> int:
+    # The protocol owns the original stdout; anything a peer library prints (to fd 1, from C or Python)
+    # goes to stderr instead, which the harness keeps for the reason of a crash.
+    import faulthandler
+    faulthandler.enable()            # a segfault leaves its Python stack in the stderr tail
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    _extend_package_path()
+    w = Worker()
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError as e:
+            reply = {"ok": False, "status": "failed", "reason": f"bad JSON: {e}"}
+        else:
+            if msg.get("op") == "close":
+                close = getattr(w.peer, "close", None)
+                if close:
+                    close()
+                proto.write(json.dumps({"ok": True}) + "\n")
+                return 0
+            reply = w.handle(msg)
+        proto.write(json.dumps(reply) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the module's own copy (not __main__'s), so peers and the loop share one PeerUnsupported.
+    from hinabench.worker import main as _main
+    sys.exit(_main())
