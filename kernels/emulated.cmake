@@ -46,6 +46,7 @@ if(_simde_rc EQUAL 0 AND EXISTS "${HINA_SIMDE_INCLUDE}/simde/x86/avx512.h")
   target_include_directories(_C_avx512_emu PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}/kernels")
   target_include_directories(_C_avx512_emu SYSTEM PRIVATE "${HINA_SIMDE_INCLUDE}")
   target_compile_definitions(_C_avx512_emu PRIVATE HINA_EMU_AVX512 HINA_EMU_MODULE_NAME=_C_avx512_emu)
+  target_compile_options(_C_avx512_emu PRIVATE -Wno-psabi)  # SIMDe passes 64-byte vectors by value
   target_link_libraries(_C_avx512_emu PRIVATE OpenMP::OpenMP_CXX)
   install(TARGETS _C_avx512_emu DESTINATION hinabench)
   message(STATUS "hinabench: _C_avx512_emu built against SIMDe at ${HINA_SIMDE_INCLUDE}")

@@ -27,7 +27,7 @@
 #include <immintrin.h>
 #endif
 
-#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "moe_ffn.h"
@@ -38,7 +38,15 @@
 #endif
 
 namespace hina {
+namespace amx_kernel {
 namespace {
+
+// This file has its own ISA flags: it must not share out-of-line inline/template code (COMDAT,
+// e.g. std::vector members) with files built for other ISAs, or the linker may keep this file's
+// copy for everyone. So: no STL containers or algorithms here, only internal-linkage helpers.
+inline int imin(int a, int b) { return a < b ? a : b; }
+inline int imax(int a, int b) { return a > b ? a : b; }
+
 
 constexpr int kKr = 32;       // bf16 along K per tile row (64 bytes)
 constexpr int kTokTile = 16;  // tokens per B tile (16 pairs of K x 16 tokens x 2 bf16)
@@ -137,7 +145,7 @@ void algorithm1(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, Shape s,
 }
 
 // Tokens [m0, m0 + mt) as the B-tile shape: mt0 in tmm0, the rest (if any) in tmm1.
-inline Shape shape_of(int mt) { return Shape{std::min(mt, kTokTile), std::max(0, mt - kTokTile)}; }
+inline Shape shape_of(int mt) { return Shape{imin(mt, kTokTile), imax(0, mt - kTokTile)}; }
 
 // Tile configuration per shape; loaded only when the shape changes (ldtilecfg is not free).
 struct TileShapeCache {
@@ -162,7 +170,7 @@ void gate_up(const GateUpTask& t) {
   TileShapeCache tiles;
   for (int r0 = 0; r0 < t.n; r0 += kNr) {
     for (int m0 = 0; m0 < t.M; m0 += kMr) {
-      const int mt = std::min(kMr, t.M - m0);
+      const int mt = imin(kMr, t.M - m0);
       const Shape s = shape_of(mt);
       tiles.use(s);
       const uint8_t* B = token_group(t.I, m0, KB);
@@ -194,7 +202,7 @@ void down(const DownTask& t) {
   TileShapeCache tiles;
   for (int r0 = 0; r0 < t.n; r0 += kNr) {
     for (int m0 = 0; m0 < t.M; m0 += kMr) {
-      const int mt = std::min(kMr, t.M - m0);
+      const int mt = imin(kMr, t.M - m0);
       const Shape s = shape_of(mt);
       tiles.use(s);
       const uint8_t* B = token_group(t.act, m0, KB);
@@ -211,6 +219,9 @@ void down(const DownTask& t) {
 }
 
 }  // namespace
+}  // namespace amx_kernel
+
+using namespace amx_kernel;
 
 const MicroKernel& microkernel_amx() {
 #if defined(HINA_EMU_AMX)

@@ -21,17 +21,43 @@
 //     (32 FLOP per byte, from L3 at most).
 #include <immintrin.h>
 
-#include <algorithm>
-#include <vector>
+#include <cstdlib>
 
 #include "moe_ffn.h"
 
 namespace hina {
+namespace avx2_kernel {
 namespace {
 
+// This file has its own ISA flags: it must not share out-of-line inline/template code (COMDAT,
+// e.g. std::vector members) with files built for other ISAs, or the linker may keep this file's
+// copy for everyone. So: no STL containers or algorithms here, only internal-linkage helpers.
+inline int imin(int a, int b) { return a < b ? a : b; }
+inline int imax(int a, int b) { return a > b ? a : b; }
+
+// A per-thread scratch buffer, grown on demand (a few hundred KiB at most). Trivially
+// destructible on purpose (thread_local objects with destructors upset GCC's LTO here): the
+// buffer of a thread lives as long as the thread (OpenMP's pool).
+template <class Tp>
+struct ThreadScratch {
+  Tp* p;
+  size_t n;
+  Tp* get(size_t want) {
+    if (want > n) {
+      std::free(p);
+      p = static_cast<Tp*>(std::aligned_alloc(64, ((want * sizeof(Tp)) + 63) & ~size_t(63)));
+      if (!p) std::abort();
+      n = want;
+    }
+    return p;
+  }
+};
+
 constexpr int kChunk = 16;     // bf16 elements per W load
-constexpr int kKBlock = 2048;  // K block when M > 4
-constexpr int kMBlock = 32;    // token block
+constexpr int kKOuter = 4096;           // K piece per W stream run (M > 2)
+constexpr int kKInner = 1024;           // K block of the L1-resident W slice
+constexpr int kIBlockBytes = 256 << 10; // L2 budget for a token block's I slice
+constexpr int kMaxMBlock = 32;          // tokens per block at most
 
 inline __m256 even_f32(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
 inline __m256 odd_f32(__m256i v) {
@@ -69,24 +95,31 @@ template <int R, int TT>
 inline void dot_tile(const bf16_t* const* w, const float* const* in, int k0, int k1, float* c,
                      int ldc) {
   __m256 acc[R][TT];
+  #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
   for (int k = k0; k < k1; k += kChunk) {
     __m256 xe[TT], xo[TT];
+    #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) {
       xe[t] = _mm256_loadu_ps(in[t] + k);
       xo[t] = _mm256_loadu_ps(in[t] + k + 8);
     }
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k));
       const __m256 we = even_f32(v), wo = odd_f32(v);
+      #pragma GCC unroll 16
       for (int t = 0; t < TT; ++t) {
         acc[r][t] = _mm256_fmadd_ps(we, xe[t], acc[r][t]);
         acc[r][t] = _mm256_fmadd_ps(wo, xo[t], acc[r][t]);
       }
     }
   }
+  #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) c[r * ldc + t] += hsum(acc[r][t]);
 }
 
@@ -101,54 +134,56 @@ void rows_x_tokens(const bf16_t* const* w, int nrows, const float* const* in, in
 
 // C[nrows, M] = W[rows, K] . I[M, K]^T  (C row-major with ldc = M), W rows given by pointers.
 void mm_rows(const bf16_t* const* w, int nrows, const float* I, int M, int K, float* c) {
-  std::fill(c, c + int64_t(nrows) * M, 0.f);
-  const float* in[kMBlock];
-  if (M <= 4) {  // decode: W streamed once, all tokens in registers
+  for (int64_t i = 0; i < int64_t(nrows) * M; ++i) c[i] = 0.f;
+  const float* in[kMaxMBlock];
+  if (M <= 2) {  // decode: each W row streamed once, all tokens in registers
     for (int t = 0; t < M; ++t) in[t] = I + int64_t(t) * K;
-    switch (M) {
-      case 1: rows_x_tokens<8, 1>(w, nrows, in, 0, K, c, M); break;
-      case 2: rows_x_tokens<4, 2>(w, nrows, in, 0, K, c, M); break;
-      case 3: rows_x_tokens<2, 3>(w, nrows, in, 0, K, c, M); break;
-      default: rows_x_tokens<2, 4>(w, nrows, in, 0, K, c, M); break;
-    }
+    if (M == 1) rows_x_tokens<8, 1>(w, nrows, in, 0, K, c, M);
+    else rows_x_tokens<4, 2>(w, nrows, in, 0, K, c, M);
     return;
   }
-  std::vector<const bf16_t*> wk(nrows);
-  for (int m0 = 0; m0 < M; m0 += kMBlock) {
-    const int mc = std::min(kMBlock, M - m0);
-    for (int t = 0; t < mc; ++t) in[t] = I + int64_t(m0 + t) * K;
-    for (int k0 = 0; k0 < K; k0 += kKBlock) {
-      const int k1 = std::min(K, k0 + kKBlock);
+  // K in outer pieces of <= 4096 (W streams as 8 KiB runs of 4 rows at a time), tokens in blocks
+  // whose I slice (<= 256 KiB fp32) stays in L2; inside, 4 rows x 1024 of W (8 KiB) stay in L1
+  // while the block's token pairs pass over them. W is read from memory once per token block.
+  const int KO = imin(K, kKOuter);
+  const int mb = imax(4, imin(kMaxMBlock, (kIBlockBytes / (KO * 4)) & ~1));
+  for (int ko = 0; ko < K; ko += KO) {
+    const int ko1 = imin(K, ko + KO);
+    for (int m0 = 0; m0 < M; m0 += mb) {
+      const int mc = imin(mb, M - m0);
+      for (int t = 0; t < mc; ++t) in[t] = I + int64_t(m0 + t) * K;
       for (int r = 0; r < nrows; r += 4) {
-        const int rn = std::min(4, nrows - r);
-        float* cr = c + int64_t(r) * M + m0;
-        int t = 0;
-        if (rn == 4) {
-          for (; t + 2 <= mc; t += 2) dot_tile<4, 2>(w + r, in + t, k0, k1, cr + t, M);
-          for (; t < mc; ++t) dot_tile<4, 1>(w + r, in + t, k0, k1, cr + t, M);
-        } else {
-          for (int q = 0; q < rn; ++q)
-            for (t = 0; t < mc; ++t) dot_tile<1, 1>(w + r + q, in + t, k0, k1, cr + q * M + t, M);
+        const int rn = imin(4, nrows - r);
+        for (int k0 = ko; k0 < ko1; k0 += kKInner) {
+          const int k1 = imin(ko1, k0 + kKInner);
+          float* cr = c + int64_t(r) * M + m0;
+          int t = 0;
+          if (rn == 4) {
+            for (; t + 2 <= mc; t += 2) dot_tile<4, 2>(w + r, in + t, k0, k1, cr + t, M);
+            for (; t < mc; ++t) dot_tile<4, 1>(w + r, in + t, k0, k1, cr + t, M);
+          } else {
+            for (int q = 0; q < rn; ++q)
+              for (t = 0; t < mc; ++t) dot_tile<1, 1>(w + r + q, in + t, k0, k1, cr + q * M + t, M);
+          }
         }
       }
     }
   }
 }
 
-thread_local std::vector<float> tl_c;
-thread_local std::vector<const bf16_t*> tl_rows;
+thread_local ThreadScratch<float> tl_c{nullptr, 0};
+thread_local ThreadScratch<const bf16_t*> tl_rows{nullptr, 0};
 
 // Gate & up rows together (one pass over both), SiLU(gate)*up fused into the store, which writes
 // the activation in the split-16 layout the down projection reads (transformation 2).
 void gate_up(const GateUpTask& t) {
-  tl_rows.resize(2 * t.n);
+  const bf16_t** rows = tl_rows.get(size_t(2) * t.n);
   for (int j = 0; j < t.n; ++j) {
-    tl_rows[j] = t.w_gate + j * t.ldw_gate;
-    tl_rows[t.n + j] = t.w_up + j * t.ldw_up;
+    rows[j] = t.w_gate + j * t.ldw_gate;
+    rows[t.n + j] = t.w_up + j * t.ldw_up;
   }
-  tl_c.resize(size_t(2) * t.n * t.M);
-  float* c = tl_c.data();
-  mm_rows(tl_rows.data(), 2 * t.n, static_cast<const float*>(t.I), t.M, t.K, c);
+  float* c = tl_c.get(size_t(2) * t.n * t.M);
+  mm_rows(rows, 2 * t.n, static_cast<const float*>(t.I), t.M, t.K, c);
   float* act = static_cast<float*>(t.act);
   for (int m = 0; m < t.M; ++m) {
     float* a = act + int64_t(m) * t.act_K;
@@ -159,11 +194,10 @@ void gate_up(const GateUpTask& t) {
 
 // Down projection, transpose fused into the store: y[m][n0 + j] = C[j][m] (transformation 3).
 void down(const DownTask& t) {
-  tl_rows.resize(t.n);
-  for (int j = 0; j < t.n; ++j) tl_rows[j] = t.w_down + j * t.ldw;
-  tl_c.resize(size_t(t.n) * t.M);
-  float* c = tl_c.data();
-  mm_rows(tl_rows.data(), t.n, static_cast<const float*>(t.act), t.M, t.K, c);
+  const bf16_t** rows = tl_rows.get(size_t(t.n));
+  for (int j = 0; j < t.n; ++j) rows[j] = t.w_down + j * t.ldw;
+  float* c = tl_c.get(size_t(t.n) * t.M);
+  mm_rows(rows, t.n, static_cast<const float*>(t.act), t.M, t.K, c);
   for (int m = 0; m < t.M; ++m) {
     float* yr = t.y + m * t.ldy + t.n0;
     for (int j = 0; j < t.n; ++j) yr[j] = c[j * t.M + m];
@@ -171,6 +205,9 @@ void down(const DownTask& t) {
 }
 
 }  // namespace
+}  // namespace avx2_kernel
+
+using namespace avx2_kernel;
 
 const MicroKernel& microkernel_avx2() {
   static const MicroKernel mk{"avx2", 64, packed_bytes, pack_tokens, gate_up, down};

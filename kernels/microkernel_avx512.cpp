@@ -22,14 +22,38 @@
 #include <immintrin.h>
 #endif
 
-#include <algorithm>
+#include <cstdlib>
 #include <cstring>
-#include <vector>
 
 #include "moe_ffn.h"
 
 namespace hina {
+namespace avx512_kernel {
 namespace {
+
+// This file has its own ISA flags: it must not share out-of-line inline/template code (COMDAT,
+// e.g. std::vector members) with files built for other ISAs, or the linker may keep this file's
+// copy for everyone. So: no STL containers or algorithms here, only internal-linkage helpers.
+inline int imin(int a, int b) { return a < b ? a : b; }
+inline int imax(int a, int b) { return a > b ? a : b; }
+
+// A per-thread scratch buffer, grown on demand (a few hundred KiB at most). Trivially
+// destructible on purpose (thread_local objects with destructors upset GCC's LTO here): the
+// buffer of a thread lives as long as the thread (OpenMP's pool).
+template <class Tp>
+struct ThreadScratch {
+  Tp* p;
+  size_t n;
+  Tp* get(size_t want) {
+    if (want > n) {
+      std::free(p);
+      p = static_cast<Tp*>(std::aligned_alloc(64, ((want * sizeof(Tp)) + 63) & ~size_t(63)));
+      if (!p) std::abort();
+      n = want;
+    }
+    return p;
+  }
+};
 
 constexpr int kChunk = 32;     // bf16 per zmm load
 constexpr int kKBlock = 2048;
@@ -63,17 +87,24 @@ template <int R, int TT>
 inline void dot_tile(const bf16_t* const* w, const bf16_t* const* in, int k0, int k1, float* c,
                      int ldc) {
   __m512 acc[R][TT];
+  #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
   for (int k = k0; k < k1; k += kChunk) {
     __m512bh x[TT];
+    #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) x[t] = load_bh(in[t] + k);
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512bh wv = load_bh(w[r] + k);
+      #pragma GCC unroll 16
       for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, x[t]);
     }
   }
+  #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) c[r * ldc + t] += hsum(acc[r][t]);
 }
 
@@ -87,7 +118,7 @@ void rows_x_tokens(const bf16_t* const* w, int nrows, const bf16_t* const* in, i
 
 // C[nrows, M] = W[rows, K] . I[M, K]^T, row-major with ldc = M.
 void mm_rows(const bf16_t* const* w, int nrows, const bf16_t* I, int M, int K, float* c) {
-  std::fill(c, c + int64_t(nrows) * M, 0.f);
+  for (int64_t i = 0; i < int64_t(nrows) * M; ++i) c[i] = 0.f;
   const bf16_t* in[kMBlock];
   if (M <= 4) {
     for (int t = 0; t < M; ++t) in[t] = I + int64_t(t) * K;
@@ -100,12 +131,12 @@ void mm_rows(const bf16_t* const* w, int nrows, const bf16_t* I, int M, int K, f
     return;
   }
   for (int m0 = 0; m0 < M; m0 += kMBlock) {
-    const int mc = std::min(kMBlock, M - m0);
+    const int mc = imin(kMBlock, M - m0);
     for (int t = 0; t < mc; ++t) in[t] = I + int64_t(m0 + t) * K;
     for (int k0 = 0; k0 < K; k0 += kKBlock) {
-      const int k1 = std::min(K, k0 + kKBlock);
+      const int k1 = imin(K, k0 + kKBlock);
       for (int r = 0; r < nrows; r += 4) {
-        const int rn = std::min(4, nrows - r);
+        const int rn = imin(4, nrows - r);
         float* cr = c + int64_t(r) * M + m0;
         if (rn == 4) {
           int t = 0;
@@ -120,20 +151,19 @@ void mm_rows(const bf16_t* const* w, int nrows, const bf16_t* I, int M, int K, f
   }
 }
 
-thread_local std::vector<float> tl_c;
-thread_local std::vector<const bf16_t*> tl_rows;
+thread_local ThreadScratch<float> tl_c{nullptr, 0};
+thread_local ThreadScratch<const bf16_t*> tl_rows{nullptr, 0};
 
 // Gate & up in one pass; SiLU(gate)*up rounded to bf16 into the row-major activation
 // (transformation 2: the layout the down projection's vdpbf16ps reads along K).
 void gate_up(const GateUpTask& t) {
-  tl_rows.resize(2 * t.n);
+  const bf16_t** rows = tl_rows.get(size_t(2) * t.n);
   for (int j = 0; j < t.n; ++j) {
-    tl_rows[j] = t.w_gate + j * t.ldw_gate;
-    tl_rows[t.n + j] = t.w_up + j * t.ldw_up;
+    rows[j] = t.w_gate + j * t.ldw_gate;
+    rows[t.n + j] = t.w_up + j * t.ldw_up;
   }
-  tl_c.resize(size_t(2) * t.n * t.M);
-  float* c = tl_c.data();
-  mm_rows(tl_rows.data(), 2 * t.n, static_cast<const bf16_t*>(t.I), t.M, t.K, c);
+  float* c = tl_c.get(size_t(2) * t.n * t.M);
+  mm_rows(rows, 2 * t.n, static_cast<const bf16_t*>(t.I), t.M, t.K, c);
   bf16_t* act = static_cast<bf16_t*>(t.act);
   for (int m = 0; m < t.M; ++m)
     for (int j = 0; j < t.n; ++j)
@@ -143,11 +173,10 @@ void gate_up(const GateUpTask& t) {
 
 // Down projection; the transpose fused into the store (transformation 3).
 void down(const DownTask& t) {
-  tl_rows.resize(t.n);
-  for (int j = 0; j < t.n; ++j) tl_rows[j] = t.w_down + j * t.ldw;
-  tl_c.resize(size_t(t.n) * t.M);
-  float* c = tl_c.data();
-  mm_rows(tl_rows.data(), t.n, static_cast<const bf16_t*>(t.act), t.M, t.K, c);
+  const bf16_t** rows = tl_rows.get(size_t(t.n));
+  for (int j = 0; j < t.n; ++j) rows[j] = t.w_down + j * t.ldw;
+  float* c = tl_c.get(size_t(t.n) * t.M);
+  mm_rows(rows, t.n, static_cast<const bf16_t*>(t.act), t.M, t.K, c);
   for (int m = 0; m < t.M; ++m) {
     float* yr = t.y + m * t.ldy + t.n0;
     for (int j = 0; j < t.n; ++j) yr[j] = c[j * t.M + m];
@@ -155,6 +184,9 @@ void down(const DownTask& t) {
 }
 
 }  // namespace
+}  // namespace avx512_kernel
+
+using namespace avx512_kernel;
 
 const MicroKernel& microkernel_avx512() {
 #if defined(HINA_EMU_AVX512)

@@ -78,20 +78,21 @@ const MicroKernel& microkernel_avx512();
 const MicroKernel& microkernel_amx();
 #endif
 
-// SiLU(g) * u in fp32, shared by every kernel's gate_up store (transformation 2).
-inline float silu_mul(float g, float u) {
+// SiLU(g) * u in fp32, shared by every kernel's gate_up store (transformation 2). These helpers are
+// static: each ISA-flagged file keeps its own copy (see the note in microkernel_avx2.cpp).
+static inline float silu_mul(float g, float u) {
   return g / (1.0f + __builtin_expf(-g)) * u;
 }
 
 // fp32 -> bf16, round to nearest even (NaN kept quiet).
-inline bf16_t f32_to_bf16(float f) {
+static inline bf16_t f32_to_bf16(float f) {
   uint32_t u;
   __builtin_memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t((u >> 16) | 0x40);
   u += 0x7fffu + ((u >> 16) & 1u);
   return bf16_t(u >> 16);
 }
-inline float bf16_to_f32(bf16_t h) {
+static inline float bf16_to_f32(bf16_t h) {
   uint32_t u = uint32_t(h) << 16;
   float f;
   __builtin_memcpy(&f, &u, 4);

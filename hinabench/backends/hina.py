@@ -1,0 +1,65 @@
+"""hina: the HiNa-MoE expert-FFN kernel (paper Section 4), one backend per real ISA.
+
+No weight work at all: `prepare` does nothing with the weights and `run` reads them in place in the
+framework's layout (w13 [E, 2I, H] and w_down [E, H, I], rows contiguous). See hinabench/kernels.py.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import kernels
+from . import register
+from .base import Backend, Unsupported
+
+
+class _Hina(Backend):
+    isa: str = ""
+
+    @classmethod
+    def availability(cls) -> tuple[bool, str]:
+        ok, why = kernels.isa_status(cls.isa)
+        return ok, why
+
+    def supports(self, data) -> None:
+        super().supports(data)
+        p = data.problem
+        if p.H % kernels.SHAPE_MULTIPLE or p.I % kernels.SHAPE_MULTIPLE:
+            raise Unsupported(f"hina needs H and I to be multiples of {kernels.SHAPE_MULTIPLE} "
+                              f"(got H={p.H}, I={p.I})")
+
+    def prepare(self, data) -> None:
+        super().prepare(data)  # checks only: no packing, no conversion, no copy
+
+    def run(self, group: int) -> torch.Tensor:
+        d = self.data
+        return kernels.moe_ffn(d.x, None, None, d.w_down, d.topk_ids[group], d.topk_weights,
+                               w13=d.w13, isa=self.isa, threads=self.threads)
+
+    def extra_bytes(self) -> int:
+        return 0  # the scratch (packed tokens, activations, y rows: O(T*k*(H+I)) bytes) is not weights
+
+    def versions(self) -> dict[str, str]:
+        return {**super().versions(), "hina_isa": self.isa}
+
+
+@register
+class HinaAvx2(_Hina):
+    name = "hina:avx2"
+    isa = "avx2"
+    description = ("HiNa-MoE general-layout kernel, AVX2+FMA micro-kernel (bf16 W converted in "
+                   "registers, fp32 FMA), no weight repacking")
+
+
+@register
+class HinaAvx512(_Hina):
+    name = "hina:avx512"
+    isa = "avx512"
+    description = "HiNa-MoE general-layout kernel, AVX-512 BF16 (vdpbf16ps) micro-kernel, no weight repacking"
+
+
+@register
+class HinaAmx(_Hina):
+    name = "hina:amx"
+    isa = "amx"
+    description = ("HiNa-MoE general-layout kernel, AMX-BF16 micro-kernel (Algorithm 1: W as tile A in "
+                   "its own layout, I VNNI-packed in the gather), no weight repacking")

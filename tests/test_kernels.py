@@ -1,0 +1,333 @@
+"""The HiNa-MoE operator (hinabench.kernels.moe_ffn) on every path this machine can run, against the
+float32 reference.
+
+Paths: "scalar", "avx2" (real hardware), "avx512-emulated" (the AVX-512 micro-kernel source on
+SIMDe) and "amx-emulated" (the AMX micro-kernel source on the software tile unit); "avx512"/"amx"
+too where the CPU has them. Paths this machine cannot run are skipped with the reason.
+
+Tolerance: relative L2 error <= reference.TOLERANCE["bf16"] (2%, the project-wide bar: bf16 output
+rounding ~0.2%, bf16 rounding of SiLU(gate)*up on the avx512/amx paths another ~0.2%, fp32
+accumulation order little; a wrong kernel is off by ~100%). Because one wrong 32-row block among
+thousands would hide under 2%, we also require <= TIGHT (0.5%): measured errors are 0.15-0.2%
+(scalar/avx2, fp32 activation) and 0.2-0.25% (avx512/amx, bf16 activation).
+
+Cost control (2 cores): the emulated paths run ~10-100x slower than avx2, so they get subsets of
+the cases: every Table-3 shape at T=1 (amx-emulated: not Mixtral-8x22B) plus the small-model
+cases; avx2 gets every case. See CASES.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from hinabench import kernels
+from hinabench.kernels import IsaUnavailable, moe_ffn
+from hinabench.problem import FFNProblem, materialize
+from hinabench.reference import TOLERANCE, moe_ffn_reference, rel_err
+
+TOL = TOLERANCE["bf16"]
+TIGHT = 5e-3
+THREADS = 2
+
+ALL_PATHS = ["scalar", "avx2", "avx512", "amx", "avx512-emulated", "amx-emulated"]
+RUNNABLE = [p for p in ALL_PATHS if kernels.isa_status(p)[0]]
+SLOW = {"scalar", "avx512-emulated", "amx-emulated"}
+
+
+def need(isa: str) -> None:
+    ok, why = kernels.isa_status(isa)
+    if not ok:
+        pytest.skip(f"{isa}: {why}")
+
+
+def run(data, isa, group=0, threads=THREADS, **kw):
+    return moe_ffn(data.x, None, None, data.w_down, data.topk_ids[group], data.topk_weights,
+                   w13=data.w13, isa=isa, threads=threads, **kw)
+
+
+def check(out, ref, what):
+    err = rel_err(out, ref)
+    assert out.dtype == torch.bfloat16 and tuple(out.shape) == tuple(ref.shape), what
+    assert err <= TOL, f"{what}: rel err {err:.3g} > tolerance {TOL}"
+    assert err <= TIGHT, f"{what}: rel err {err:.3g} > {TIGHT} (within tolerance, but far above 0.2%)"
+
+
+# ---- Table-3 shapes, few experts, selected T -------------------------------------------------------
+E = "avx512-emulated"
+X = "amx-emulated"
+CASES = [
+    # (model, T, active experts, paths)
+    ("mixtral-8x7b", 1, 1, ["scalar", "avx2", E, X]),
+    ("mixtral-8x7b", 3, 2, ["avx2"]),
+    ("mixtral-8x7b", 16, 2, ["avx2"]),
+    ("mixtral-8x22b", 1, 1, ["scalar", "avx2", E]),
+    ("mixtral-8x22b", 6, 1, ["avx2"]),
+    ("deepseek-v3", 1, 2, ["scalar", "avx2", E, X]),
+    ("deepseek-v3", 5, 2, ["avx2", E]),
+    ("deepseek-v3", 64, 1, ["avx2"]),
+    ("deepseek-v3", 256, 1, ["avx2"]),
+    ("qwen3-235b-a22b", 1, 2, ["scalar", "avx2", E, X]),
+    ("qwen3-235b-a22b", 17, 2, ["avx2", X]),
+    ("qwen3-235b-a22b", 128, 1, ["avx2", E]),
+    ("qwen3-30b-a3b", 1, 2, ["scalar", "avx2", E, X]),
+    ("qwen3-30b-a3b", 2, 2, ["avx2", X]),
+    ("qwen3-30b-a3b", 4, 2, ["scalar", "avx2", E, X]),
+    ("qwen3-30b-a3b", 8, 2, ["avx2", E]),
+    ("qwen3-30b-a3b", 16, 1, ["avx2", X]),
+    ("qwen3-30b-a3b", 32, 1, ["avx2", E, X]),
+    ("qwen3-30b-a3b", 33, 1, ["avx2", X]),
+    ("qwen3-30b-a3b", 63, 1, ["avx2", E]),
+    ("qwen3-30b-a3b", 64, 2, ["scalar", "avx2", E, X]),
+    ("qwen3-30b-a3b", 128, 2, ["avx2", E]),
+    ("qwen3-30b-a3b", 256, 1, ["avx2", E]),
+    # T = 1 with k = 8: one token through eight experts
+    ("qwen3-30b-a3b", 1, 8, ["scalar", "avx2", E, X]),
+    ("deepseek-v3", 1, 8, ["avx2", E]),
+]
+
+
+@functools.lru_cache(maxsize=1)  # one problem alive at a time: Mixtral-8x22B is 600 MB per expert
+def problem_data(model, T, A):
+    return materialize(FFNProblem.create(model, T, A), rotate=False)
+
+
+@pytest.mark.parametrize("model,T,A,paths", CASES, ids=[f"{m}-T{t}-A{a}" for m, t, a, _ in CASES])
+def test_table3_shapes(model, T, A, paths):
+    data = problem_data(model, T, A)
+    ref = data.reference(0)
+    ran = []
+    for isa in paths + [p for p in ("avx512", "amx") if p in RUNNABLE and "avx2" in paths]:
+        if not kernels.isa_status(isa)[0]:
+            continue
+        check(run(data, isa), ref, f"{model} T={T} A={A} isa={isa}")
+        ran.append(isa)
+    if not ran:
+        pytest.skip("none of this case's paths can run here")
+
+
+# ---- random shapes (multiples of 32), duplicate slots, experts with no token -------------------------
+@st.composite
+def random_case(draw):
+    H = 32 * draw(st.integers(1, 12))
+    I = 32 * draw(st.integers(1, 12))
+    E = draw(st.integers(1, 6))
+    T = draw(st.sampled_from([1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33, 40, 64, 65]))
+    k = draw(st.integers(1, 4))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return H, I, E, T, k, seed
+
+
+def make_custom(H, I, E, T, k, seed):
+    """Weights from the shared Problem machinery; routing drawn with replacement, so a token may
+    name one expert from several slots and some experts get no token."""
+    data = materialize(FFNProblem.custom(H, I, T, E, seed=seed % 1000), rotate=False)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, E, (T, k), generator=g, dtype=torch.int32)
+    w = torch.rand(T, k, generator=g) + 0.05
+    w = (w / w.sum(1, keepdim=True)).float()
+    return data, ids, w
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=random_case())
+def test_random_shapes(case):
+    H, I, E, T, k, seed = case
+    data, ids, w = make_custom(H, I, E, T, k, seed)
+    ref = moe_ffn_reference(data.x, data.w_gate, data.w_up, data.w_down, ids, w)
+    for isa in RUNNABLE:
+        out = moe_ffn(data.x, data.w_gate, data.w_up, data.w_down, ids, w, isa=isa, threads=THREADS)
+        check(out, ref, f"H={H} I={I} E={E} T={T} k={k} isa={isa}")
+
+
+@pytest.mark.parametrize("isa", ALL_PATHS)
+def test_duplicate_slots_and_idle_experts(isa):
+    need(isa)
+    data = materialize(FFNProblem.custom(256, 192, 6, 5, routed_experts=5, seed=3), rotate=False)
+    ids = torch.tensor([[2, 2, 2], [4, 2, 4], [2, 4, 2], [4, 4, 4], [2, 2, 4], [4, 2, 2]], dtype=torch.int64)
+    w = torch.rand(6, 3, generator=torch.Generator().manual_seed(1)).float()  # need not sum to 1
+    ref = moe_ffn_reference(data.x, data.w_gate, data.w_up, data.w_down, ids, w)
+    check(moe_ffn(data.x, data.w_gate, data.w_up, data.w_down, ids, w, isa=isa, threads=THREADS),
+          ref, f"duplicates isa={isa}")  # experts 0, 1, 3 receive no token
+
+
+@pytest.mark.parametrize("isa", ALL_PATHS)
+def test_one_token_k8_and_one_thread(isa):
+    need(isa)
+    data = problem_data("qwen3-30b-a3b", 1, 8)
+    ref = data.reference(0)
+    check(run(data, isa, threads=1), ref, f"T=1 k=8 threads=1 isa={isa}")
+
+
+# ---- API: layouts, strides, determinism ---------------------------------------------------------------
+def small():
+    return materialize(FFNProblem.custom(128, 96, 9, 3, routed_experts=4, seed=7), rotate=False)
+
+
+@pytest.mark.parametrize("isa", [p for p in ALL_PATHS])
+def test_separate_views_fused_and_contiguous_weights_agree(isa):
+    need(isa)
+    d = small()
+    ids, w = d.topk_ids[0].long(), d.topk_weights
+    a = moe_ffn(d.x, None, None, d.w_down, ids, w, w13=d.w13, isa=isa)
+    b = moe_ffn(d.x, d.w_gate, d.w_up, d.w_down, ids, w, isa=isa)              # strided views
+    c = moe_ffn(d.x, d.w_gate.contiguous(), d.w_up.contiguous(), d.w_down, ids, w, isa=isa)
+    xs = torch.zeros(d.x.shape[0], d.x.shape[1] + 64, dtype=torch.bfloat16)
+    xs[:, 32:32 + d.x.shape[1]] = d.x
+    e = moe_ffn(xs[:, 32:32 + d.x.shape[1]], d.w_gate, d.w_up, d.w_down, ids, w, isa=isa)  # x row stride
+    assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, e)
+
+
+def test_threads_do_not_change_the_result():
+    d = problem_data("qwen3-30b-a3b", 5, 2)
+    for isa in ("scalar", "avx2"):
+        if kernels.isa_status(isa)[0]:
+            assert torch.equal(run(d, isa, threads=1), run(d, isa, threads=2)), isa
+
+
+def test_hina_isa_env_and_auto(monkeypatch):
+    d = small()
+    monkeypatch.setenv("HINA_ISA", "scalar")
+    assert kernels.resolve_isa("auto") == "scalar"
+    assert kernels.resolve_isa("avx2" if "avx2" in RUNNABLE else "scalar") in RUNNABLE  # explicit wins
+    assert torch.equal(run(d, "auto"), run(d, "scalar"))
+    monkeypatch.delenv("HINA_ISA")
+    assert kernels.resolve_isa("auto") in RUNNABLE
+
+
+# ---- bad input: clear Python errors ----------------------------------------------------------------------
+def test_bad_input_raises_value_error():
+    d = small()
+    ids, w = d.topk_ids[0], d.topk_weights
+    good = dict(w13=d.w13, isa="scalar")
+    with pytest.raises(ValueError, match="bfloat16"):
+        moe_ffn(d.x.float(), None, None, d.w_down, ids, w, **good)
+    with pytest.raises(ValueError, match="float32"):
+        moe_ffn(d.x, None, None, d.w_down, ids, w.double(), **good)
+    with pytest.raises(ValueError, match="int32 or int64"):
+        moe_ffn(d.x, None, None, d.w_down, ids.float(), w, **good)
+    with pytest.raises(ValueError, match=r"\[0, 3\)"):
+        moe_ffn(d.x, None, None, d.w_down, ids + 3, w, **good)
+    with pytest.raises(ValueError, match="either w13"):
+        moe_ffn(d.x, d.w_gate, d.w_up, d.w_down, ids, w, w13=d.w13, isa="scalar")
+    with pytest.raises(ValueError, match="contiguous"):
+        moe_ffn(d.x, d.w_gate.transpose(1, 2).contiguous().transpose(1, 2), d.w_up, d.w_down, ids, w,
+                isa="scalar")
+    with pytest.raises(ValueError, match="w_down"):
+        moe_ffn(d.x, d.w_gate, d.w_up, d.w_down[:, :64], ids, w, isa="scalar")
+    with pytest.raises(ValueError, match="unknown isa"):
+        moe_ffn(d.x, None, None, d.w_down, ids, w, w13=d.w13, isa="sse9")
+
+
+@pytest.mark.parametrize("H,I", [(100, 96), (128, 80), (48, 48)])
+def test_shapes_not_multiple_of_32_are_rejected(H, I):
+    # Decision: no tail code. Every MoE model we know has H, I multiples of 128; the AMX tile is 32.
+    x = torch.randn(2, H).bfloat16()
+    w13 = torch.randn(2, 2 * I, H).bfloat16()
+    wd = torch.randn(2, H, I).bfloat16()
+    ids = torch.zeros(2, 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        moe_ffn(x, None, None, wd, ids, torch.ones(2, 1), w13=w13, isa="scalar")
+
+
+def test_zero_tokens():
+    d = small()
+    out = moe_ffn(d.x[:0], None, None, d.w_down, d.topk_ids[0][:0], d.topk_weights[:0], w13=d.w13)
+    assert out.shape == (0, d.x.shape[1])
+
+
+# ---- an ISA the CPU lacks: a clear error, never SIGILL (in a subprocess, to be safe) ------------------
+@pytest.mark.parametrize("isa", ["avx512", "amx"])
+def test_missing_isa_raises_not_sigill(isa):
+    if kernels.isa_status(isa)[0]:
+        pytest.skip(f"this CPU has {isa}")
+    code = textwrap.dedent(f"""
+        import os, torch
+        from hinabench.kernels import moe_ffn, IsaUnavailable
+        x = torch.randn(2, 64).bfloat16(); w13 = torch.randn(2, 64, 64).bfloat16()
+        wd = torch.randn(2, 64, 32).bfloat16(); ids = torch.zeros(2, 1, dtype=torch.int32)
+        for how in ("arg", "env"):
+            try:
+                if how == "env":
+                    os.environ["HINA_ISA"] = "{isa}"
+                    moe_ffn(x, None, None, wd, ids, torch.ones(2, 1), w13=w13)
+                else:
+                    moe_ffn(x, None, None, wd, ids, torch.ones(2, 1), w13=w13, isa="{isa}")
+            except IsaUnavailable as e:
+                print("raised:", e)
+            else:
+                raise SystemExit("no error for {isa} (" + how + ")")
+        # the C++ entry point refuses too, even when called directly
+        from hinabench import _C
+        try:
+            _C.moe_ffn(x.data_ptr(), 2, 64, 32, 64, w13.data_ptr(), 64*64, 64, w13.data_ptr(), 64*64, 64,
+                       wd.data_ptr(), 64*32, 32, 2, ids.data_ptr(), 1, torch.ones(2,1).data_ptr(),
+                       torch.empty(2, 64, dtype=torch.bfloat16).data_ptr(), "{isa}", 1)
+        except ValueError as e:
+            print("C++ raised:", e)
+        else:
+            raise SystemExit("C++ ran {isa}")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"rc={r.returncode} (negative = signal)\n{r.stdout}\n{r.stderr}"
+    assert "lacks" in r.stdout or "refused" in r.stdout, r.stdout
+    assert "C++ raised" in r.stdout
+
+
+# ---- weights: never copied, never modified ----------------------------------------------------------------
+@pytest.mark.parametrize("isa", ALL_PATHS)
+def test_weights_bit_identical_after_call(isa):
+    need(isa)
+    d = small()
+    before = (d.w13.clone(), d.w_down.clone(), d.x.clone())
+    run(d, isa)
+    assert torch.equal(d.w13.view(torch.int16), before[0].view(torch.int16))
+    assert torch.equal(d.w_down.view(torch.int16), before[1].view(torch.int16))
+    assert torch.equal(d.x.view(torch.int16), before[2].view(torch.int16))
+
+
+def test_no_allocation_proportional_to_weights():
+    """Peak RSS during calls grows by far less than the weights (a packed copy would add >= 100%)."""
+    isas = [p for p in ("avx2", "scalar") if p in RUNNABLE]
+    code = textwrap.dedent(f"""
+        import resource, torch
+        from hinabench.problem import FFNProblem, materialize
+        from hinabench import kernels
+        d = materialize(FFNProblem.create("mixtral-8x7b", 4, 1), rotate=False)   # 352 MB of weights
+        wbytes = d.w13.numel() * 2 + d.w_down.numel() * 2
+        torch.empty(1)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        for isa in {isas!r}:
+            kernels.moe_ffn(d.x, None, None, d.w_down, d.topk_ids[0], d.topk_weights, w13=d.w13, isa=isa, threads=2)
+            scratch = kernels.scratch_bytes(isa)
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(wbytes, after - before, scratch)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    wbytes, grew, scratch = (int(v) for v in r.stdout.split())
+    assert grew < 0.05 * wbytes, f"peak RSS grew by {grew} bytes during calls on {wbytes} bytes of weights"
+    assert scratch < 0.01 * wbytes, f"scratch {scratch} bytes"
+
+
+def test_backends_registered_with_reasons():
+    from hinabench import backends
+    names = backends.names()
+    for n, isa in (("hina:avx2", "avx2"), ("hina:avx512", "avx512"), ("hina:amx", "amx")):
+        assert n in names
+        ok, why = backends.get(n).availability()
+        assert ok == kernels.isa_status(isa)[0]
+        if not ok:
+            assert why
+    if "avx2" in RUNNABLE:
+        d = small()
+        b = backends.get("hina:avx2")(THREADS)
+        b.prepare(d)
+        check(b.run(0), d.reference(0), "backend hina:avx2")
+        assert b.extra_bytes() == 0
