@@ -56,6 +56,15 @@ def list_cmd(as_json):
     Console().print(t)
 
 
+@env.command("check")
+@click.argument("name")
+def check_cmd(name):
+    """Run NAME's recipe check again (e.g. after the recipe changed) and record the outcome."""
+    from . import envs
+    c = envs.recheck(name)
+    click.echo(f"{name}: check {'passed' if c['ok'] else 'failed: ' + c['reason']}  ({c['code']})")
+
+
 @env.command("remove")
 @click.argument("name")
 def remove_cmd(name):

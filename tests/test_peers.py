@@ -1,0 +1,57 @@
+"""Each peer's adapter on a tiny problem, in its own environment: runs when `hinabench env create NAME`
+has made it, skipped with the reason when not. What a variant cannot run on this CPU must come back as
+an `unsupported` row with the reason, never a crash of the harness."""
+import pytest
+
+from hinabench import backends as registry
+from hinabench import envs
+from hinabench.problem import FFNProblem, materialize
+from hinabench.runner import RunConfig, run_point
+
+PROBLEM = FFNProblem.custom(hidden_size=256, intermediate_size=128, tokens_per_expert=4, active_experts=2,
+                            routed_experts=8, seed=3)
+
+
+def cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def needs_env(name):
+    ok, why = envs.usable(name)
+    return pytest.mark.skipif(not ok, reason=why)
+
+
+def rows(names):
+    cfg = RunConfig(rounds=2, warmup=1, min_time=0.02, max_time=1.0, command="test")
+    data = materialize(PROBLEM, rotate=False)
+    return {r["backend"]: r for r in run_point(PROBLEM, names, 1, cfg, data=data)}
+
+
+def assert_ok(r, env):
+    assert r["status"] == "ok", r["reason"]
+    assert r["rel_err"] < r["tolerance"] and r["median_ms"] > 0 and r["pct_bw"] > 0
+    assert r["versions"]["env"] == env and r["versions"]["torch"]
+
+
+def test_missing_env_is_unavailable_with_the_command(monkeypatch, tmp_path):
+    monkeypatch.setenv("HINABENCH_ENVS", str(tmp_path))
+    r = rows(["vllm:vec"])["vllm:vec"]
+    assert r["status"] == "unavailable"
+    assert r["reason"] == "environment 'vllm' does not exist: run `hinabench env create vllm`"
+
+
+@needs_env("vllm")
+def test_vllm():
+    got = rows(["vllm:vec", "vllm:sgl", "vllm:amx"])
+    assert_ok(got["vllm:vec"], "vllm")
+    assert got["vllm:vec"]["extra_bytes"] == PROBLEM.weight_bytes       # one packed copy of the weights
+    has_bf16 = "avx512_bf16" in cpu_flags()
+    for v in ("vllm:sgl", "vllm:amx"):
+        if has_bf16 and (v == "vllm:sgl" or "amx_tile" in cpu_flags()):
+            assert_ok(got[v], "vllm")
+        else:
+            assert got[v]["status"] == "unsupported" and "SIGILL" in got[v]["reason"], got[v]["reason"]
