@@ -33,6 +33,7 @@ are bf16), as every bf16 kernel we know does.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 
@@ -42,6 +43,9 @@ ISAS_REAL = ("amx", "avx512", "avx2", "scalar")  # "auto" takes the first usable
 ISAS_EMULATED = {"amx-emulated": "_C_amx_emu", "avx512-emulated": "_C_avx512_emu"}
 ISAS = ISAS_REAL + tuple(ISAS_EMULATED)
 SHAPE_MULTIPLE = 32
+
+
+_MODULES: dict = {}
 
 
 class IsaUnavailable(RuntimeError):
@@ -88,6 +92,11 @@ def resolve_isa(isa: str = "auto") -> str:
     """The ISA a call with `isa` runs on; raises ValueError/IsaUnavailable if it cannot run."""
     if isa == "auto":
         isa = os.environ.get("HINA_ISA", "").strip() or "auto"
+    return _resolve(isa)
+
+
+@functools.lru_cache(maxsize=None)  # the CPU does not change under a running process
+def _resolve(isa: str) -> str:
     if isa == "auto":
         for cand in ISAS_REAL:
             if isa_status(cand)[0]:
@@ -99,20 +108,20 @@ def resolve_isa(isa: str = "auto") -> str:
     return isa
 
 
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
 def _check_weight(name: str, w: torch.Tensor, shape: tuple[int, int, int]) -> None:
-    _check(isinstance(w, torch.Tensor), f"{name} must be a torch.Tensor")
-    _check(w.device.type == "cpu", f"{name} must be on the CPU (got {w.device})")
-    _check(w.dtype == torch.bfloat16, f"{name} must be bfloat16 (got {w.dtype})")
-    _check(tuple(w.shape) == shape, f"{name} has shape {tuple(w.shape)}, expected {shape}")
-    _check(w.stride(2) == 1 or w.shape[2] == 1,
-           f"{name} rows must be contiguous along their last dimension (stride {w.stride()}); "
-           "the kernel reads weights in place and never copies them")
-    _check(w.stride(0) >= 0 and w.stride(1) >= 0, f"{name} has negative strides {w.stride()}")
+    if not (isinstance(w, torch.Tensor)):
+        raise ValueError(f"{name} must be a torch.Tensor")
+    if not (w.device.type == "cpu"):
+        raise ValueError(f"{name} must be on the CPU (got {w.device})")
+    if not (w.dtype == torch.bfloat16):
+        raise ValueError(f"{name} must be bfloat16 (got {w.dtype})")
+    if not (tuple(w.shape) == shape):
+        raise ValueError(f"{name} has shape {tuple(w.shape)}, expected {shape}")
+    if not (w.stride(2) == 1 or w.shape[2] == 1):
+        raise ValueError(f"{name} rows must be contiguous along their last dimension (stride {w.stride()}); "
+                         "the kernel reads weights in place and never copies them")
+    if not (w.stride(0) >= 0 and w.stride(1) >= 0):
+        raise ValueError(f"{name} has negative strides {w.stride()}")
 
 
 def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | None,
@@ -123,49 +132,57 @@ def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | N
     isa = resolve_isa(isa)
     # ---- weights: shapes and strides only; never a copy ------------------------------------------
     if w13 is not None:
-        _check(w_gate is None and w_up is None, "pass either w13 or (w_gate, w_up), not both")
-        _check(isinstance(w13, torch.Tensor) and w13.dim() == 3 and w13.shape[1] % 2 == 0,
-               "w13 must be [E, 2I, H]")
+        if not (w_gate is None and w_up is None):
+            raise ValueError("pass either w13 or (w_gate, w_up), not both")
+        if not (isinstance(w13, torch.Tensor) and w13.dim() == 3 and w13.shape[1] % 2 == 0):
+            raise ValueError("w13 must be [E, 2I, H]")
         half = w13.shape[1] // 2
         w_gate, w_up = w13[:, :half], w13[:, half:]
-    _check(w_gate is not None and w_up is not None, "w_gate and w_up (or w13) are required")
-    _check(isinstance(w_gate, torch.Tensor) and w_gate.dim() == 3, "w_gate must be [E, I, H]")
+    if not (w_gate is not None and w_up is not None):
+        raise ValueError("w_gate and w_up (or w13) are required")
+    if not (isinstance(w_gate, torch.Tensor) and w_gate.dim() == 3):
+        raise ValueError("w_gate must be [E, I, H]")
     E, I, H = (int(s) for s in w_gate.shape)
     _check_weight("w_gate", w_gate, (E, I, H))
     _check_weight("w_up", w_up, (E, I, H))
     _check_weight("w_down", w_down, (E, H, I))
-    _check(H > 0 and I > 0 and E > 0, f"empty weights (E={E}, I={I}, H={H})")
-    _check(H % SHAPE_MULTIPLE == 0 and I % SHAPE_MULTIPLE == 0,
-           f"H={H} and I={I} must be multiples of {SHAPE_MULTIPLE} (the AMX tile's k_r = 32; "
-           "this kernel has no tail code for other shapes)")
+    if not (H > 0 and I > 0 and E > 0):
+        raise ValueError(f"empty weights (E={E}, I={I}, H={H})")
+    if not (H % SHAPE_MULTIPLE == 0 and I % SHAPE_MULTIPLE == 0):
+        raise ValueError(f"H={H} and I={I} must be multiples of {SHAPE_MULTIPLE} (the AMX tile's k_r = 32; "
+                         "this kernel has no tail code for other shapes)")
     # ---- activations and routing -------------------------------------------------------------------
-    _check(isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == H,
-           f"x must be [T, H={H}] (got {tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)})")
-    _check(x.device.type == "cpu" and x.dtype == torch.bfloat16, "x must be a bfloat16 CPU tensor")
-    _check(x.stride(1) == 1 and (x.shape[0] <= 1 or x.stride(0) >= H),
-           f"x rows must be contiguous (stride {x.stride()})")
+    if not (isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == H):
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)
+        raise ValueError(f"x must be [T, H={H}] (got {got})")
+    if not (x.device.type == "cpu" and x.dtype == torch.bfloat16):
+        raise ValueError("x must be a bfloat16 CPU tensor")
+    if not (x.stride(1) == 1 and (x.shape[0] <= 1 or x.stride(0) >= H)):
+        raise ValueError(f"x rows must be contiguous (stride {x.stride()})")
     T = int(x.shape[0])
-    _check(isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 and topk_ids.shape[0] == T,
-           f"topk_ids must be [T={T}, k]")
-    _check(topk_ids.dtype in (torch.int32, torch.int64),
-           f"topk_ids must be int32 or int64 (got {topk_ids.dtype})")
+    if not (isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 and topk_ids.shape[0] == T):
+        raise ValueError(f"topk_ids must be [T={T}, k]")
+    if not (topk_ids.dtype in (torch.int32, torch.int64)):
+        raise ValueError(f"topk_ids must be int32 or int64 (got {topk_ids.dtype})")
     k = int(topk_ids.shape[1])
-    _check(isinstance(topk_weights, torch.Tensor) and tuple(topk_weights.shape) == (T, k),
-           f"topk_weights must be [T={T}, k={k}] like topk_ids")
-    _check(topk_weights.dtype == torch.float32, f"topk_weights must be float32 (got {topk_weights.dtype})")
-    _check(k >= 1, "topk_ids needs at least one slot per token")
+    if not (isinstance(topk_weights, torch.Tensor) and tuple(topk_weights.shape) == (T, k)):
+        raise ValueError(f"topk_weights must be [T={T}, k={k}] like topk_ids")
+    if not (topk_weights.dtype == torch.float32):
+        raise ValueError(f"topk_weights must be float32 (got {topk_weights.dtype})")
+    if not (k >= 1):
+        raise ValueError("topk_ids needs at least one slot per token")
     out = torch.empty(T, H, dtype=torch.bfloat16)
     if T == 0:
         return out
     ids = topk_ids.to(torch.int32).contiguous()  # T*k integers: the only copies made
-    lo, hi = int(ids.min()), int(ids.max())
-    _check(lo >= 0 and hi < E, f"topk_ids must lie in [0, {E}) (got values in [{lo}, {hi}])")
     tw = topk_weights.contiguous()
     if threads is None:
         threads = torch.get_num_threads()
-    _check(int(threads) >= 1, f"threads must be >= 1 (got {threads})")
+    if not (int(threads) >= 1):
+        raise ValueError(f"threads must be >= 1 (got {threads})")
     ldx = x.stride(0) if T > 1 else H
-    _module(isa).moe_ffn(
+    mod = _MODULES.get(isa) or _MODULES.setdefault(isa, _module(isa))
+    mod.moe_ffn(  # raises ValueError for an expert id outside [0, E)
         x.data_ptr(), T, H, I, ldx,
         w_gate.data_ptr(), w_gate.stride(0), w_gate.stride(1),
         w_up.data_ptr(), w_up.stride(0), w_up.stride(1),
