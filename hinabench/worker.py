@@ -103,7 +103,8 @@ class SelfTestPeer:
     """`selftest:<variant>`: naive (the torch loop), sigill (kills itself with SIGILL in prepare, as an
     AMX-only path does on a CPU without AMX), sigill-run (the same in the first call), hang (sleeps
     forever in prepare), hang-round (in the timed loop), raise (an exception), unsupported, wrong
-    (a result off by 2x), sigkill (dies by SIGKILL, as the OOM killer kills)."""
+    (a result off by 2x), sigkill (dies by SIGKILL, as the OOM killer kills), abort (an uncaught C++
+    exception whose what() says "not supported")."""
 
     def __init__(self, variant: str, threads: int):
         self.variant, self.threads = variant, threads
@@ -116,6 +117,11 @@ class SelfTestPeer:
             os.kill(os.getpid(), signal.SIGILL)
         if v == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if v == "abort":               # what a C++ library's uncaught exception looks like
+            sys.stderr.write("terminate called after throwing an instance of 'std::runtime_error'\n"
+                             "  what():  selftest kernel not supported\n")
+            sys.stderr.flush()
+            os.abort()
         if v == "hang":
             time.sleep(3600)
         if v == "raise":

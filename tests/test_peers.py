@@ -8,7 +8,7 @@ from hinabench import envs
 from hinabench.problem import FFNProblem, materialize
 from hinabench.runner import RunConfig, run_point
 
-PROBLEM = FFNProblem.custom(hidden_size=256, intermediate_size=128, tokens_per_expert=4, active_experts=2,
+PROBLEM = FFNProblem.custom(hidden_size=256, intermediate_size=256, tokens_per_expert=4, active_experts=2,
                             routed_experts=8, seed=3)
 
 
@@ -55,3 +55,26 @@ def test_vllm():
             assert_ok(got[v], "vllm")
         else:
             assert got[v]["status"] == "unsupported" and "SIGILL" in got[v]["reason"], got[v]["reason"]
+
+
+@needs_env("kt")
+def test_kt():
+    got = rows(["kt:amxbf16", "kt:avx2bf16", "kt:llamafile"])
+    build = got["kt:avx2bf16"]["versions"]["kt_kernel_build"] if got["kt:avx2bf16"]["versions"] else None
+    for name, r in got.items():
+        assert r["status"] in ("ok", "unsupported"), (name, r["reason"])
+        if r["status"] == "unsupported":
+            assert any(w in r["reason"] for w in ("build for this CPU", "divisible", "not supported")), r["reason"]
+        else:
+            assert_ok(r, "kt")
+    if "avx512_bf16" not in cpu_flags():
+        assert got["kt:amxbf16"]["status"] == "unsupported"
+        assert build == "avx2" and got["kt:avx2bf16"]["status"] == "ok"
+
+
+@needs_env("llamacpp")
+def test_llamacpp():
+    got = rows(["llamacpp:bf16", "llamacpp:q8_0"])
+    assert_ok(got["llamacpp:bf16"], "llamacpp")
+    assert_ok(got["llamacpp:q8_0"], "llamacpp")     # Q8_0 stays within the BF16 tolerance here
+    assert got["llamacpp:q8_0"]["extra_bytes"] < got["llamacpp:bf16"]["extra_bytes"]

@@ -95,6 +95,13 @@ def test_sigill_is_unsupported(data):
     b.close()
 
 
+def test_cpp_abort_not_supported_is_unsupported_with_the_message(data):
+    b = selftest("abort")(1)
+    with pytest.raises(Unsupported, match='aborted with "selftest kernel not supported"'):
+        b.prepare(data)
+    b.close()
+
+
 def test_peer_unsupported_reply(data):
     b = selftest("unsupported")(1)
     with pytest.raises(Unsupported, match="needs an ISA this CPU lacks"):

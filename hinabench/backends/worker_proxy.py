@@ -120,8 +120,18 @@ class WorkerBackend(Backend):
             text = self._stderr.read().decode("utf-8", "replace")
         except (OSError, ValueError):
             return ""
-        tail = [ln.strip() for ln in text.splitlines() if ln.strip()][-lines:]
-        return " | ".join(tail)[-chars:]
+        # faulthandler's dump (stack frames, the list of extension modules) says less than the
+        # lines before it: drop it from the tail, keep "Fatal Python error: ..." and C++'s what()
+        keep = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(("  File ", "Extension modules:"))
+                and not ln.startswith(("Current thread", "Thread 0x", "<no Python frame>"))]
+        return " | ".join(keep[-lines:])[-chars:]
+
+    def _what(self) -> str:
+        """The message of an uncaught C++ exception (`terminate called ... what(): ...`), if any."""
+        for ln in reversed(self._stderr_tail(lines=60, chars=100000).split(" | ")):
+            if ln.startswith("what():"):
+                return ln[len("what():"):].strip()
+        return ""
 
     def _kill(self) -> None:
         p = self.proc
@@ -148,6 +158,10 @@ class WorkerBackend(Backend):
         if sig == signal.SIGILL:
             return Unsupported(f"worker died with SIGILL (illegal instruction): {self.name} needs an ISA "
                                f"this CPU lacks (during '{what}'{self._fault_frame()})")
+        what_msg = self._what()
+        if sig == signal.SIGABRT and what_msg and "not supported" in what_msg.lower():
+            return Unsupported(f"{self.name}: the peer aborted with \"{what_msg}\" (worker died with SIGABRT "
+                               f"during '{what}')")
         if sig:
             try:
                 name = signal.Signals(sig).name
@@ -161,7 +175,12 @@ class WorkerBackend(Backend):
 
     def _fault_frame(self) -> str:
         """The innermost Python frame faulthandler printed for a fatal signal: ', at file:line in fn'."""
-        for ln in self._stderr_tail(lines=40, chars=100000).split(" | "):
+        try:
+            self._stderr.seek(0)
+            lines = self._stderr.read().decode("utf-8", "replace").splitlines()
+        except (OSError, ValueError, AttributeError):
+            return ""
+        for ln in (x.strip() for x in lines):
             if ln.startswith('File "'):
                 try:
                     path, rest = ln[6:].split('", line ', 1)

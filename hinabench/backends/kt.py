@@ -1,0 +1,121 @@
+"""`kt:*`: KTransformers' CPU MoE operators (kt-kernel 0.7.2), run in the `kt` environment.
+
+kt-kernel's wheel carries six builds of its extension (amx, avx512_bf16/vnni/vbmi/base, avx2) and loads
+the best this CPU can run; its high-level KTMoEWrapper wants a CUDA stream, so this adapter uses the
+low-level `kt_kernel_ext` API: a CPUInfer thread pool, a moe.MOEConfig over BF16 weight pointers,
+load_weights_task (the operator packs its own copy: counted in extra_bytes) and forward_task.
+- `kt:amxbf16`   moe.AMXBF16_MOE: AMX tiles, or its AVX-512-BF16 fallback, where kt loads an AVX-512 build
+- `kt:avx2bf16`  moe.AVX2BF16_MOE: the BF16 operator of kt's AVX2 build
+- `kt:llamafile` moe.MOE: the llamafile (sgemm) operator on BF16 ggml tensors
+A class the loaded build does not have is an `unsupported` row naming the build.
+"""
+from __future__ import annotations
+
+from . import register
+from .worker_proxy import WorkerBackend
+
+
+class _Kt(WorkerBackend):
+    env_name = "kt"
+    module = "kt"
+    packages = ("kt-kernel", "torch")
+
+
+@register
+class KtAmxBf16(_Kt):
+    name = "kt:amxbf16"
+    variant = "amxbf16"
+    description = "KTransformers kt-kernel moe.AMXBF16_MOE (AMX, or AVX-512-BF16 without AMX) on its packed copy"
+
+
+@register
+class KtAvx2Bf16(_Kt):
+    name = "kt:avx2bf16"
+    variant = "avx2bf16"
+    description = "KTransformers kt-kernel moe.AVX2BF16_MOE (its AVX2 build's BF16 operator) on its packed copy"
+
+
+@register
+class KtLlamafile(_Kt):
+    name = "kt:llamafile"
+    variant = "llamafile"
+    description = "KTransformers kt-kernel moe.MOE: llamafile sgemm on BF16 ggml tensors"
+
+
+# ---- worker side ----------------------------------------------------------------------------------
+_CLASSES = {"amxbf16": "AMXBF16_MOE", "avx2bf16": "AVX2BF16_MOE", "llamafile": "MOE"}
+
+
+class KtPeer:
+    def __init__(self, variant: str, threads: int):
+        self.variant, self.threads = variant, threads
+
+    def prepare(self, data) -> None:
+        import torch
+        import kt_kernel
+        from ..worker import PeerUnsupported
+        k = kt_kernel.kt_kernel_ext
+        self.build = kt_kernel.__cpu_variant__
+        cls_name = _CLASSES.get(self.variant)
+        if cls_name is None:
+            raise PeerUnsupported(f"kt has no variant '{self.variant}'")
+        cls = getattr(k.moe, cls_name, None)
+        if cls is None:
+            raise PeerUnsupported(f"kt-kernel loaded its '{self.build}' build for this CPU, which has no "
+                                  f"moe.{cls_name}")
+        p, E = data.problem, data.num_experts
+        if self.variant == "llamafile" and (p.I % 256 or p.H % 256):
+            raise PeerUnsupported(f"kt's llamafile operator needs H and I divisible by 256 (QK_K): "
+                                  f"H={p.H}, I={p.I}")
+        self.data = data
+        # kt reads gate and up as separate [E, I, H] arrays: ours are views into w13 [E, 2I, H]
+        self.gate = data.w_gate.contiguous()
+        self.up = data.w_up.contiguous()
+        self.down = data.w_down
+        self.cpu = k.CPUInfer(self.threads)
+        cfg = k.moe.MOEConfig(E, p.A, p.H, p.I)
+        cfg.pool = self.cpu.backend_
+        cfg.max_len = max(p.T, 32)
+        cfg.gate_proj, cfg.up_proj, cfg.down_proj = (self.gate.data_ptr(), self.up.data_ptr(),
+                                                     self.down.data_ptr())
+        if self.variant == "llamafile":
+            bf16 = k.kvcache.ggml_type.BF16
+            cfg.gate_type = cfg.up_type = cfg.down_type = cfg.hidden_type = bf16
+            cfg.m_block = 32
+            cfg.group_min_len = 10
+            cfg.group_max_len = max(p.T, 32)
+        self.cfg = cfg
+        self.moe = cls(cfg)
+        self.map = torch.arange(E, dtype=torch.int64)
+        self.cpu.submit(self.moe.load_weights_task(self.map.data_ptr()))
+        self.cpu.sync()
+        self.ids = [t.to(torch.int64).contiguous() for t in data.topk_ids]
+        self.weights = data.topk_weights.float().contiguous()
+        self.x = data.x.contiguous()
+        self.out = torch.empty_like(self.x)
+        self.bsz = torch.tensor([p.T], dtype=torch.int32)
+
+    def run(self, group: int):
+        ids = self.ids[group]
+        self.cpu.submit(self.moe.forward_task(self.bsz.data_ptr(), ids.shape[1], ids.data_ptr(),
+                                              self.weights.data_ptr(), self.x.data_ptr(),
+                                              self.out.data_ptr(), False))
+        self.cpu.sync()
+        return self.out
+
+    def extra_bytes(self) -> int:
+        # the contiguous gate/up copies we hand it; the operators' own packed copies (AMX/AVX2 BF16
+        # repack at load_weights) are not visible from Python: counted as one more copy of the weights
+        # for those, none for llamafile (which reads the ggml tensors it was given)
+        ours = 2 * self.gate.numel() * 2
+        packed = 0 if self.variant == "llamafile" else (self.data.w13.numel() + self.data.w_down.numel()) * 2
+        return ours + packed
+
+    def versions(self) -> dict:
+        import kt_kernel
+        return {"kt_kernel_build": kt_kernel.__cpu_variant__,
+                "kt_int8_kernel": str(getattr(kt_kernel, "__int8_kernel__", ""))}
+
+
+def make_peer(variant: str, threads: int) -> KtPeer:
+    return KtPeer(variant, threads)
