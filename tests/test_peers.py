@@ -78,3 +78,17 @@ def test_llamacpp():
     assert_ok(got["llamacpp:bf16"], "llamacpp")
     assert_ok(got["llamacpp:q8_0"], "llamacpp")     # Q8_0 stays within the BF16 tolerance here
     assert got["llamacpp:q8_0"]["extra_bytes"] < got["llamacpp:bf16"]["extra_bytes"]
+
+
+@needs_env("ipex")
+def test_ipex():
+    got = rows(["ipex:tpp", "ipex:fused"])
+    flags = cpu_flags()
+    for name, r in got.items():
+        if {"avx512bw", "avx512vl", "avx512dq"} <= flags or "avx_ne_convert" in flags:
+            if name == "ipex:fused" and "amx_tile" not in flags:
+                assert r["status"] == "unsupported", r["reason"]
+            else:
+                assert_ok(r, "ipex")
+        else:   # IPEX checks the ISA itself and says so: an unsupported row with its words
+            assert r["status"] == "unsupported" and "IPEX refuses on this CPU" in r["reason"], r["reason"]
