@@ -22,8 +22,9 @@ foreach(isa amx avx512)
 endforeach()
 
 # ---- AMX on the software tile unit ----------------------------------------------------------------
-pybind11_add_module(_C_amx_emu
+pybind11_add_module(_C_amx_emu NO_EXTRAS
   kernels/moe_ffn.cpp
+  kernels/numa_partition.cpp
   kernels/microkernel_scalar.cpp
   "${HINA_EMU_DIR}/microkernel_amx_emulated.cpp")
 target_include_directories(_C_amx_emu PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}/kernels")
@@ -39,8 +40,9 @@ execute_process(
   OUTPUT_VARIABLE HINA_SIMDE_INCLUDE OUTPUT_STRIP_TRAILING_WHITESPACE
   RESULT_VARIABLE _simde_rc ERROR_QUIET)
 if(_simde_rc EQUAL 0 AND EXISTS "${HINA_SIMDE_INCLUDE}/simde/x86/avx512.h")
-  pybind11_add_module(_C_avx512_emu
+  pybind11_add_module(_C_avx512_emu NO_EXTRAS
     kernels/moe_ffn.cpp
+    kernels/numa_partition.cpp
     kernels/microkernel_scalar.cpp
     "${HINA_EMU_DIR}/microkernel_avx512_emulated.cpp")
   target_include_directories(_C_avx512_emu PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}/kernels")
