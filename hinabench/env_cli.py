@@ -43,15 +43,18 @@ def list_cmd(as_json):
     from rich.console import Console
     from rich.table import Table
     t = Table(title=f"hinabench environments ({envs.root()})")
-    for c in ("name", "python", "packages", "size", "created", "took", "path"):
+    for c in ("name", "python", "packages", "check", "size", "created", "took", "path"):
         t.add_column(c)
     for r in rows:
         if not r["complete"]:
-            t.add_row(r["name"], "", "[red]incomplete: remove and create again[/red]", _gib(r.get("size_bytes")),
-                      "", "", r["path"])
+            what = ("[yellow]being created[/yellow]" if (envs.root() / f"{r['name']}.creating.log").exists()
+                    else "[red]incomplete: remove and create again[/red]")
+            t.add_row(r["name"], "", what, "", _gib(r.get("size_bytes")), "", "", r["path"])
             continue
         pk = ", ".join(f"{k} {v}" for k, v in (r.get("packages") or {}).items())
-        t.add_row(r["name"], r.get("python") or "", pk, _gib(r.get("size_bytes")), r.get("created") or "",
+        c = r.get("check") or {}
+        check = "ok" if c.get("ok", True) else f"[red]failed: {c.get('reason')}[/red]"
+        t.add_row(r["name"], r.get("python") or "", pk, check, _gib(r.get("size_bytes")), r.get("created") or "",
                   f"{r.get('seconds') or 0:.0f} s", r["path"])
     Console().print(t)
 
