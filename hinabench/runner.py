@@ -91,6 +91,16 @@ def _fail(t: _Timed, status: str, reason: str) -> None:
     t.active = False
 
 
+def _fail_from(t: _Timed, e: Exception) -> None:
+    """An exception that carries a row status (a worker's `timeout`, `failed`, ...) keeps it."""
+    from .results import STATUSES
+    status = getattr(e, "status", None)
+    if status in STATUSES and status != "ok":
+        _fail(t, status, str(getattr(e, "reason", e)))
+    else:
+        _fail(t, "failed", f"{type(e).__name__}: {e}".splitlines()[0] + _where(e))
+
+
 def _roofline(row: dict, peak: float, unit: str) -> None:
     med = row.get("median_ms")
     bw = row.get("read_gbps")
@@ -155,7 +165,7 @@ def run_point(problem: FFNProblem, names: list[str], threads: int, cfg: RunConfi
         except MemoryError:
             _fail(t, "failed", "out of memory while preparing")
         except Exception as e:  # a backend that raises is a row, and the sweep goes on
-            _fail(t, "failed", f"{type(e).__name__}: {e}".splitlines()[0] + _where(e))
+            _fail_from(t, e)
 
     # -- interleaved rounds
     active = [t for t in todo if t.active]
@@ -173,7 +183,7 @@ def run_point(problem: FFNProblem, names: list[str], threads: int, cfg: RunConfi
                 t.probes += res.probes
                 t.load.append(res.other_cpus)
             except Exception as e:
-                _fail(t, "failed", f"{type(e).__name__}: {e}".splitlines()[0] + _where(e))
+                _fail_from(t, e)
 
     for t in active:
         if id(t) in counters:
