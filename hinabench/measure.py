@@ -63,6 +63,8 @@ def measure_round(run: Callable[[int], object], rnd: int, plan: RoundPlan, state
             run(call % groups)
             dt = time.perf_counter() - t0
             call += 1
+            if dt > 1.0:         # a call this long is its own warm-up (and the validation call ran)
+                break
         state.call_s = dt
         if plan.repeats:
             state.per_round = plan.repeats
