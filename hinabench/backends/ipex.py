@@ -59,8 +59,10 @@ def _call_by_schema(op, known: dict):
     return op(*args)
 
 
-# IPEX's own words when a path needs an ISA this CPU lacks (it checks, rather than dying with SIGILL)
-_ISA_WORDS = ("instruction set", "cpu support", "amx` is supported", "only supported on x64")
+# IPEX's own words when a path needs an ISA this CPU lacks (it checks, rather than dying with SIGILL);
+# e.g. at Mixtral's shape on AVX2: "tinygemm_kernel_avx: scalar path not implemented!"
+_ISA_WORDS = ("instruction set", "cpu support", "amx` is supported", "only supported on x64",
+              "path not implemented")
 
 
 class _isa_refusals:

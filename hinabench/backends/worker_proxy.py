@@ -181,7 +181,7 @@ class WorkerBackend(Backend):
         except (OSError, ValueError, AttributeError):
             return ""
         for ln in (x.strip() for x in lines):
-            if ln.startswith('File "'):
+            if ln.startswith('File "') and not ln.startswith('File "<'):   # skip importlib's frozen frames
                 try:
                     path, rest = ln[6:].split('", line ', 1)
                     return f", at {'/'.join(path.split('/')[-2:])}:{rest}"
