@@ -90,68 +90,91 @@ void pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K
 // ---- Algorithm 1 ----------------------------------------------------------------------------------
 // C[32 rows][32 tokens] (fp32, row stride 32) = W[32 rows, K] . I[tokens m0 .. m0+mt, K]^T
 // `B` points at token group m0/16 of a packed matrix with KB = K/32 blocks per group.
-struct Shape { int mt0, mt1; };  // tokens in B tile 0 and B tile 1 (0 = unused)
+// tokens in B tile 0 and B tile 1 (0 = unused); W rows in A tile 0 and A tile 1 (0 = unused; the
+// NUMA path's strided row classes may end in a block of fewer than 32 rows)
+struct Shape { int mt0, mt1, a0 = 16, a1 = 16; };
 
 void configure(Shape s) {
   TileConfig cfg{};
   cfg.palette_id = 1;
   auto set = [&](int t, int rows, int colsb) { cfg.rows[t] = uint8_t(rows); cfg.colsb[t] = uint16_t(colsb); };
-  set(0, 16, 4 * s.mt0);                 // tmm0: I, tokens m0 .. m0+mt0      (B operand)
-  if (s.mt1) set(1, 16, 4 * s.mt1);      // tmm1: I, the next 16 tokens
-  set(2, 16, 64);                        // tmm2: W rows n .. n+16            (A operand)
-  set(3, 16, 64);                        // tmm3: W rows n+16 .. n+32
-  set(4, 16, 4 * s.mt0);                 // tmm4 = tmm2 x tmm0
-  if (s.mt1) set(5, 16, 4 * s.mt1);      // tmm5 = tmm2 x tmm1
-  set(6, 16, 4 * s.mt0);                 // tmm6 = tmm3 x tmm0
-  if (s.mt1) set(7, 16, 4 * s.mt1);      // tmm7 = tmm3 x tmm1
+  set(0, 16, 4 * s.mt0);                           // tmm0: I, tokens m0 .. m0+mt0      (B operand)
+  if (s.mt1) set(1, 16, 4 * s.mt1);                // tmm1: I, the next 16 tokens
+  set(2, s.a0, 64);                                // tmm2: W rows n .. n+16            (A operand)
+  if (s.a1) set(3, s.a1, 64);                      // tmm3: W rows n+16 .. n+32
+  set(4, s.a0, 4 * s.mt0);                         // tmm4 = tmm2 x tmm0
+  if (s.mt1) set(5, s.a0, 4 * s.mt1);              // tmm5 = tmm2 x tmm1
+  if (s.a1) set(6, s.a1, 4 * s.mt0);               // tmm6 = tmm3 x tmm0
+  if (s.a1 && s.mt1) set(7, s.a1, 4 * s.mt1);      // tmm7 = tmm3 x tmm1
   _tile_loadconfig(&cfg);
 }
 
+// One canonical piece: K blocks [kb0, kb1) with fresh accumulators (moe_ffn.h), stored to C.
 template <bool kStreamW>
-void algorithm1(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, Shape s, float* C) {
+void algorithm1(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int kb0, int kb1, Shape s,
+                float* C) {
   const long wstride = long(ldw * sizeof(bf16_t));
   const uint8_t* B1 = B + size_t(KB) * 1024;  // the next token group
   _tile_zero(4);
-  _tile_zero(6);
-  if (s.mt1) { _tile_zero(5); _tile_zero(7); }
-  for (int kb = 0; kb < KB; ++kb) {
+  if (s.a1) _tile_zero(6);
+  if (s.mt1) { _tile_zero(5); if (s.a1) _tile_zero(7); }
+  for (int kb = kb0; kb < kb1; ++kb) {
     // line 1: (tmm0 ~ tmm1) <- I(m : m+32, k : k+32)                              tileloadd
     _tile_loadd(0, B + size_t(kb) * 1024, 64);
     if (s.mt1) _tile_loadd(1, B1 + size_t(kb) * 1024, 64);
     // line 2: (tmm2 ~ tmm3) <- W(n : n+32, k : k+32), general layout    tileloaddt1 / tileloadd
+    // (Algorithm 2, line 5: W(x : x + 32*T_x, y : y+32) is the same load with stride T_x rows)
     const bf16_t* wk = w + size_t(kb) * kKr;
     if (kStreamW) {
       _tile_stream_loadd(2, wk, wstride);
-      _tile_stream_loadd(3, wk + 16 * ldw, wstride);
+      if (s.a1) _tile_stream_loadd(3, wk + 16 * ldw, wstride);
     } else {
       _tile_loadd(2, wk, wstride);
-      _tile_loadd(3, wk + 16 * ldw, wstride);
+      if (s.a1) _tile_loadd(3, wk + 16 * ldw, wstride);
     }
     // line 3: (tmm4 ~ tmm7) <- FMA(tmm0 ~ tmm1, tmm2 ~ tmm3)
     _tile_dpbf16ps(4, 2, 0);
-    _tile_dpbf16ps(6, 3, 0);
+    if (s.a1) _tile_dpbf16ps(6, 3, 0);
     if (s.mt1) {
       _tile_dpbf16ps(5, 2, 1);
-      _tile_dpbf16ps(7, 3, 1);
+      if (s.a1) _tile_dpbf16ps(7, 3, 1);
     }
   }
   // line 5: store (tmm4 - tmm7) into the L1-resident C block; line 4's transform reads it there.
   _tile_stored(4, C, 32 * 4);
-  _tile_stored(6, C + 16 * 32, 32 * 4);
+  if (s.a1) _tile_stored(6, C + 16 * 32, 32 * 4);
   if (s.mt1) {
     _tile_stored(5, C + 16, 32 * 4);
-    _tile_stored(7, C + 16 * 32 + 16, 32 * 4);
+    if (s.a1) _tile_stored(7, C + 16 * 32 + 16, 32 * 4);
+  }
+}
+
+// The fused plain kernel's K loop: every canonical piece of the rows at w (which share their cuts),
+// each from fresh tiles, added in ascending y into the zeroed accumulator Acc (32 x 32 fp32).
+template <bool kStreamW>
+void algorithm1_pieces(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, Shape s, float* Acc) {
+  alignas(64) float P[kNr * kMr];
+  for (int i = 0; i < kNr * kMr; ++i) Acc[i] = 0.f;
+  const int K = KB * kKr, c0 = piece_phase(w);
+  for (int y = 0; y < K; y = piece_end(y, c0, K)) {
+    algorithm1<kStreamW>(w, ldw, B, KB, y / kKr, piece_end(y, c0, K) / kKr, s, P);
+    for (int i = 0; i < kNr * kMr; ++i) Acc[i] += P[i];
   }
 }
 
 // Tokens [m0, m0 + mt) as the B-tile shape: mt0 in tmm0, the rest (if any) in tmm1.
-inline Shape shape_of(int mt) { return Shape{imin(mt, kTokTile), imax(0, mt - kTokTile)}; }
+inline Shape shape_of(int mt, int rows = kNr) {
+  return Shape{imin(mt, kTokTile), imax(0, mt - kTokTile), imin(rows, 16), imax(0, rows - 16)};
+}
 
 // Tile configuration per shape; loaded only when the shape changes (ldtilecfg is not free).
 struct TileShapeCache {
-  Shape current{-1, -1};
+  Shape current{-1, -1, -1, -1};
   void use(Shape s) {
-    if (s.mt0 != current.mt0 || s.mt1 != current.mt1) { configure(s); current = s; }
+    if (s.mt0 != current.mt0 || s.mt1 != current.mt1 || s.a0 != current.a0 || s.a1 != current.a1) {
+      configure(s);
+      current = s;
+    }
   }
 };
 
@@ -175,11 +198,11 @@ void gate_up(const GateUpTask& t) {
       tiles.use(s);
       const uint8_t* B = token_group(t.I, m0, KB);
       if (stream) {
-        algorithm1<true>(t.w_gate + r0 * t.ldw_gate, t.ldw_gate, B, KB, s, G);
-        algorithm1<true>(t.w_up + r0 * t.ldw_up, t.ldw_up, B, KB, s, U);
+        algorithm1_pieces<true>(t.w_gate + r0 * t.ldw_gate, t.ldw_gate, B, KB, s, G);
+        algorithm1_pieces<true>(t.w_up + r0 * t.ldw_up, t.ldw_up, B, KB, s, U);
       } else {
-        algorithm1<false>(t.w_gate + r0 * t.ldw_gate, t.ldw_gate, B, KB, s, G);
-        algorithm1<false>(t.w_up + r0 * t.ldw_up, t.ldw_up, B, KB, s, U);
+        algorithm1_pieces<false>(t.w_gate + r0 * t.ldw_gate, t.ldw_gate, B, KB, s, G);
+        algorithm1_pieces<false>(t.w_up + r0 * t.ldw_up, t.ldw_up, B, KB, s, U);
       }
       // line 4: the second layout transformation
       for (int m = 0; m < mt; ++m)
@@ -206,8 +229,8 @@ void down(const DownTask& t) {
       const Shape s = shape_of(mt);
       tiles.use(s);
       const uint8_t* B = token_group(t.act, m0, KB);
-      if (stream) algorithm1<true>(t.w_down + r0 * t.ldw, t.ldw, B, KB, s, C);
-      else algorithm1<false>(t.w_down + r0 * t.ldw, t.ldw, B, KB, s, C);
+      if (stream) algorithm1_pieces<true>(t.w_down + r0 * t.ldw, t.ldw, B, KB, s, C);
+      else algorithm1_pieces<false>(t.w_down + r0 * t.ldw, t.ldw, B, KB, s, C);
       // line 4: the third layout transformation
       for (int m = 0; m < mt; ++m) {
         float* yr = t.y + (m0 + m) * t.ldy + t.n0 + r0;
@@ -218,6 +241,46 @@ void down(const DownTask& t) {
   _tile_release();
 }
 
+// Algorithm 2's micro-kernel: rows w + r*ldw (x, x+T_x, ...: 32 of them per step, fewer at the end
+// of a row class), only the listed pieces (this node's local segments), one output slot per piece.
+void piece_dots(const PieceTask& t) {
+  alignas(64) float C[kNr * kMr];
+  const int KB = t.K / kKr;
+  const bool stream = t.M <= kMr;
+  TileShapeCache tiles;
+  for (int r0 = 0; r0 < t.nrows; r0 += kNr) {
+    const int rows = imin(kNr, t.nrows - r0);
+    for (int m0 = 0; m0 < t.M; m0 += kMr) {
+      const int mt = imin(kMr, t.M - m0);
+      const Shape s = shape_of(mt, rows);
+      tiles.use(s);
+      const uint8_t* B = token_group(t.I, m0, KB);
+      for (int p = 0; p < t.npieces; ++p) {
+        const int kb0 = t.pieces[2 * p] / kKr, kb1 = t.pieces[2 * p + 1] / kKr;
+        if (stream) algorithm1<true>(t.w + r0 * t.ldw, t.ldw, B, KB, kb0, kb1, s, C);
+        else algorithm1<false>(t.w + r0 * t.ldw, t.ldw, B, KB, kb0, kb1, s, C);
+        for (int r = 0; r < rows; ++r)
+          for (int m = 0; m < mt; ++m)
+            t.out[(int64_t(r0 + r) * t.npieces + p) * t.M + m0 + m] = 0.f + C[r * kMr + m];
+      }
+    }
+  }
+  _tile_release();
+}
+
+// Transformation 2 on reduced sums: the same store as gate_up's (bf16 pairs into B tiles).
+void store_act(void* act_v, int act_K, int n0, int n, int M, const float* g, const float* u) {
+  uint32_t* act = static_cast<uint32_t*>(act_v);
+  const int KBa = act_K / kKr;
+  for (int m = 0; m < M; ++m)
+    for (int kp = 0; kp < n / 2; ++kp) {
+      const int r = 2 * kp;
+      const uint32_t lo = f32_to_bf16(silu_mul(g[r * M + m], u[r * M + m]));
+      const uint32_t hi = f32_to_bf16(silu_mul(g[(r + 1) * M + m], u[(r + 1) * M + m]));
+      act[vnni_pair_index(m, n0 / 2 + kp, KBa)] = lo | (hi << 16);
+    }
+}
+
 }  // namespace
 }  // namespace amx_kernel
 
@@ -225,9 +288,11 @@ using namespace amx_kernel;
 
 const MicroKernel& microkernel_amx() {
 #if defined(HINA_EMU_AMX)
-  static const MicroKernel mk{"amx-emulated", 64, packed_bytes, pack_tokens, gate_up, down};
+  static const MicroKernel mk{"amx-emulated", 64, packed_bytes, pack_tokens, gate_up, down,
+                              piece_dots, store_act};
 #else
-  static const MicroKernel mk{"amx", 64, packed_bytes, pack_tokens, gate_up, down};
+  static const MicroKernel mk{"amx", 64, packed_bytes, pack_tokens, gate_up, down,
+                              piece_dots, store_act};
 #endif
   return mk;
 }

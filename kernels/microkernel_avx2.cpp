@@ -9,16 +9,16 @@
 // cost 2 integer ops. Transformation 1 writes I in the matching "split-16" fp32 layout: per chunk
 // of 16 elements, the 8 even ones then the 8 odd ones. One chunk of W then costs 1 load + 2 ops
 // and 2 FMAs per token:  acc += W_even * I_even + W_odd * I_odd  (dot-product form along K; the
-// 8 lanes are summed once per K block). The activation written by gate_up (transformation 2) is
+// 8 lanes are summed once per canonical K piece, moe_ffn.h). The activation written by gate_up (transformation 2) is
 // in the same split-16 layout, so the down projection runs the same kernel.
 //
 // Blocking (Algorithm 1's loop nest on vector registers): R W rows x TT tokens of accumulators
 // (dot_tile), 8 ymm accumulators, each taking 2 FMAs per 16 elements of K.
 //   M <= 2 tokens (decode, memory-bound): every W row is streamed from memory exactly once per
 //     call, 8 rows (M = 1) or 4 rows (M = 2) at a time, all tokens in registers.
-//   M > 2: K in pieces of <= 4096 (W streams in 8 KiB runs of 4 rows), tokens in blocks whose fp32
-//     I slice (<= 256 KiB) stays in L2; a 4-row x 1024 slice of W (8 KiB) stays in L1 while the
-//     block's token pairs pass over it (4 x 2 tile). W is read from memory once per token block:
+//   M > 2: K in groups of canonical pieces spanning <= 4096 (W streams in 8 KiB runs of 4 rows),
+//     tokens in blocks whose fp32 I slice (<= 256 KiB) stays in L2; a 4-row x one-piece slice of W
+//     (<= 16 KiB) stays in L1 while the block's token pairs pass over it (4 x 2 tile). W is read from memory once per token block:
 //     once per call up to 16 tokens (K = 4096) or 32 (K <= 2048), so the decode regime up to the
 //     compute-bound crossover (T ~ 14 on Zen 3) streams W exactly once.
 // Measured here (Zen 3, one core, L1-resident): the 4 x 2 tile runs at ~55-65% of the FMA peak;
@@ -60,7 +60,6 @@ struct ThreadScratch {
 
 constexpr int kChunk = 16;     // bf16 elements per W load
 constexpr int kKOuter = 4096;           // K piece per W stream run (M > 2)
-constexpr int kKInner = 1024;           // K block of the L1-resident W slice
 constexpr int kIBlockBytes = 256 << 10; // L2 budget for a token block's I slice
 constexpr int kMaxMBlock = 32;          // tokens per block at most
 constexpr auto kPrefetchHint = _MM_HINT_T0;
@@ -132,67 +131,90 @@ inline void dot_tile(const bf16_t* const* w, const float* const* in, int k0, int
     for (int t = 0; t < TT; ++t) c[r * ldc + t] += hsum(acc[r][t]);
 }
 
-// All `nrows` rows (pointers `w`) against tokens [t0, t0+TT), K range [k0, k1): R rows at a time.
+// Output addressing: the product of row r, piece p, token t goes to c[r * row_ld + p * piece_ld + t]
+// (piece_ld = 0: pieces chained in ascending order into one sum, the fused plain kernel;
+//  piece_ld = M: one slot per piece, the NUMA path). Every piece starts from fresh accumulators
+// and adds its horizontal sum into its slot, so a piece's value never depends on R, TT or blocking.
+struct Out { float* c; int64_t row_ld, piece_ld; };
+
+// All `nrows` rows against tokens in[0..TT), every piece: R rows at a time.
 template <int R, int TT>
-void rows_x_tokens(const bf16_t* const* w, int nrows, const float* const* in, int k0, int k1,
-                   float* c, int ldc) {
+void rows_x_tokens(const bf16_t* const* w, int nrows, const float* const* in, const int32_t* pc,
+                   int np, Out o) {
   int r = 0;
-  for (; r + R <= nrows; r += R) dot_tile<R, TT>(w + r, in, k0, k1, c + r * ldc, ldc);
-  for (; r < nrows; ++r) dot_tile<1, TT>(w + r, in, k0, k1, c + r * ldc, ldc);
+  for (; r + R <= nrows; r += R)
+    for (int p = 0; p < np; ++p)
+      dot_tile<R, TT>(w + r, in, pc[2 * p], pc[2 * p + 1], o.c + r * o.row_ld + p * o.piece_ld,
+                      int(o.row_ld));
+  for (; r < nrows; ++r)
+    for (int p = 0; p < np; ++p)
+      dot_tile<1, TT>(w + r, in, pc[2 * p], pc[2 * p + 1], o.c + r * o.row_ld + p * o.piece_ld,
+                      int(o.row_ld));
 }
 
-// C[nrows, M] = W[rows, K] . I[M, K]^T  (C row-major with ldc = M), W rows given by pointers.
-void mm_rows(const bf16_t* const* w, int nrows, const float* I, int M, int K, float* c) {
-  for (int64_t i = 0; i < int64_t(nrows) * M; ++i) c[i] = 0.f;
+// C = W[rows, pieces] . I[M, K]^T, W rows given by pointers, all sharing the pieces `pc`.
+void mm_rows(const bf16_t* const* w, int nrows, const float* I, int M, int K, const int32_t* pc,
+             int np, Out o) {
+  for (int64_t i = 0; i < int64_t(nrows) * o.row_ld; ++i) o.c[i] = 0.f;
   const float* in[kMaxMBlock];
   if (M <= 2) {  // decode: each W row streamed once, all tokens in registers
     for (int t = 0; t < M; ++t) in[t] = I + int64_t(t) * K;
-    if (M == 1) rows_x_tokens<8, 1>(w, nrows, in, 0, K, c, M);
-    else rows_x_tokens<4, 2>(w, nrows, in, 0, K, c, M);
+    if (M == 1) rows_x_tokens<8, 1>(w, nrows, in, pc, np, o);
+    else rows_x_tokens<4, 2>(w, nrows, in, pc, np, o);
     return;
   }
-  // K in outer pieces of <= 4096 (W streams as 8 KiB runs of 4 rows at a time), tokens in blocks
-  // whose I slice (<= 256 KiB fp32) stays in L2; inside, 4 rows x 1024 of W (8 KiB) stay in L1
-  // while the block's token pairs pass over them. W is read from memory once per token block.
-  const int KO = imin(K, kKOuter);
-  const int mb = imax(4, imin(kMaxMBlock, (kIBlockBytes / (KO * 4)) & ~1));
-  for (int ko = 0; ko < K; ko += KO) {
-    const int ko1 = imin(K, ko + KO);
+  // Pieces in outer groups spanning <= 4096 (W streams as 8 KiB runs of 4 rows at a time), tokens
+  // in blocks whose I slice (<= 256 KiB fp32) stays in L2; inside, 4 rows x one piece (<= 2048, a
+  // 16 KiB W slice) stay in L1 while the block's token pairs pass over them. W is read from memory
+  // once per token block.
+  const int mb = imax(4, imin(kMaxMBlock, (kIBlockBytes / (imin(K, kKOuter) * 4)) & ~1));
+  for (int g0 = 0; g0 < np;) {
+    int g1 = g0 + 1;
+    while (g1 < np && pc[2 * g1 + 1] - pc[2 * g0] <= kKOuter) ++g1;
     for (int m0 = 0; m0 < M; m0 += mb) {
       const int mc = imin(mb, M - m0);
       for (int t = 0; t < mc; ++t) in[t] = I + int64_t(m0 + t) * K;
       for (int r = 0; r < nrows; r += 4) {
         const int rn = imin(4, nrows - r);
-        for (int k0 = ko; k0 < ko1; k0 += kKInner) {
-          const int k1 = imin(ko1, k0 + kKInner);
-          float* cr = c + int64_t(r) * M + m0;
+        for (int p = g0; p < g1; ++p) {
+          const int k0 = pc[2 * p], k1 = pc[2 * p + 1];
+          float* cr = o.c + int64_t(r) * o.row_ld + p * o.piece_ld + m0;
+          const int ld = int(o.row_ld);
           int t = 0;
           if (rn == 4) {
-            // The first token pair also prefetches the W slice after this one: the next K block
-            // of these rows, else the first block of the next 4 rows.
+            // The first token pair also prefetches the W slice after this one: the next piece of
+            // these rows, else the group's first piece of the next 4 rows.
             const bf16_t* pf[4];
             const bf16_t* const* pfp = nullptr;
-            if (k1 < ko1) {
-              for (int q = 0; q < 4; ++q) pf[q] = w[r + q] + k1;
+            if (p + 1 < g1) {
+              for (int q = 0; q < 4; ++q) pf[q] = w[r + q] + pc[2 * p + 2];
               pfp = pf;
             } else if (r + 8 <= nrows) {
-              for (int q = 0; q < 4; ++q) pf[q] = w[r + 4 + q] + ko;
+              for (int q = 0; q < 4; ++q) pf[q] = w[r + 4 + q] + pc[2 * g0];
               pfp = pf;
             }
             if (pfp && t + 2 <= mc) {  // (prefetching a little past a short last slice is harmless)
-              dot_tile<4, 2, true>(w + r, in + t, k0, k1, cr + t, M, pfp);
+              dot_tile<4, 2, true>(w + r, in + t, k0, k1, cr + t, ld, pfp);
               t += 2;
             }
-            for (; t + 2 <= mc; t += 2) dot_tile<4, 2>(w + r, in + t, k0, k1, cr + t, M);
-            for (; t < mc; ++t) dot_tile<4, 1>(w + r, in + t, k0, k1, cr + t, M);
+            for (; t + 2 <= mc; t += 2) dot_tile<4, 2>(w + r, in + t, k0, k1, cr + t, ld);
+            for (; t < mc; ++t) dot_tile<4, 1>(w + r, in + t, k0, k1, cr + t, ld);
           } else {
             for (int q = 0; q < rn; ++q)
-              for (t = 0; t < mc; ++t) dot_tile<1, 1>(w + r + q, in + t, k0, k1, cr + q * M + t, M);
+              for (t = 0; t < mc; ++t) dot_tile<1, 1>(w + r + q, in + t, k0, k1, cr + q * ld + t, ld);
           }
         }
       }
     }
+    g0 = g1;
   }
+}
+
+// The fused plain kernel: all pieces of [0, K) for rows sharing the cuts of w[0], chained.
+void mm_rows_chained(const bf16_t* const* w, int nrows, const float* I, int M, int K, float* c) {
+  int32_t pc[2 * kMaxPieces];
+  const int np = row_pieces(piece_phase(w[0]), K, pc);
+  mm_rows(w, nrows, I, M, K, pc, np, Out{c, M, 0});
 }
 
 thread_local ThreadScratch<float> tl_c{nullptr, 0};
@@ -207,7 +229,9 @@ void gate_up(const GateUpTask& t) {
     rows[t.n + j] = t.w_up + j * t.ldw_up;
   }
   float* c = tl_c.get(size_t(2) * t.n * t.M);
-  mm_rows(rows, 2 * t.n, static_cast<const float*>(t.I), t.M, t.K, c);
+  // gate rows and up rows separately: each matrix's rows share their piece cuts, the two may not
+  mm_rows_chained(rows, t.n, static_cast<const float*>(t.I), t.M, t.K, c);
+  mm_rows_chained(rows + t.n, t.n, static_cast<const float*>(t.I), t.M, t.K, c + int64_t(t.n) * t.M);
   float* act = static_cast<float*>(t.act);
   for (int m = 0; m < t.M; ++m) {
     float* a = act + int64_t(m) * t.act_K;
@@ -221,10 +245,27 @@ void down(const DownTask& t) {
   const bf16_t** rows = tl_rows.get(size_t(t.n));
   for (int j = 0; j < t.n; ++j) rows[j] = t.w_down + j * t.ldw;
   float* c = tl_c.get(size_t(t.n) * t.M);
-  mm_rows(rows, t.n, static_cast<const float*>(t.act), t.M, t.K, c);
+  mm_rows_chained(rows, t.n, static_cast<const float*>(t.act), t.M, t.K, c);
   for (int m = 0; m < t.M; ++m) {
     float* yr = t.y + m * t.ldy + t.n0;
     for (int j = 0; j < t.n; ++j) yr[j] = c[j * t.M + m];
+  }
+}
+
+// NUMA path: rows w + r*ldw, the listed pieces, one output slot per piece.
+void piece_dots(const PieceTask& t) {
+  const bf16_t** rows = tl_rows.get(size_t(t.nrows));
+  for (int j = 0; j < t.nrows; ++j) rows[j] = t.w + j * t.ldw;
+  mm_rows(rows, t.nrows, static_cast<const float*>(t.I), t.M, t.K, t.pieces, t.npieces,
+          Out{t.out, int64_t(t.npieces) * t.M, t.M});
+}
+
+// Transformation 2 on reduced sums: the same store as gate_up's.
+void store_act(void* act_v, int act_K, int n0, int n, int M, const float* g, const float* u) {
+  float* act = static_cast<float*>(act_v);
+  for (int m = 0; m < M; ++m) {
+    float* a = act + int64_t(m) * act_K;
+    for (int j = 0; j < n; ++j) a[split16(n0 + j)] = silu_mul(g[j * M + m], u[j * M + m]);
   }
 }
 
@@ -234,7 +275,8 @@ void down(const DownTask& t) {
 using namespace avx2_kernel;
 
 const MicroKernel& microkernel_avx2() {
-  static const MicroKernel mk{"avx2", 64, packed_bytes, pack_tokens, gate_up, down};
+  static const MicroKernel mk{"avx2", 64, packed_bytes, pack_tokens, gate_up, down,
+                              piece_dots, store_act};
   return mk;
 }
 

@@ -17,11 +17,34 @@ void pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K
     for (int j = 0; j < K; ++j) dst[int64_t(m) * K + j] = bf16_to_f32(x[int64_t(rows[m]) * ldx + j]);
 }
 
-// Algorithm 1's product for one W row and one I row (fp32 accumulation along K).
-float dot(const bf16_t* w, const float* in, int K) {
+// Algorithm 1's product for one W row and one I row over [k0, k1) (fp32 accumulation along K).
+float dot(const bf16_t* w, const float* in, int k0, int k1) {
   float acc = 0.f;
-  for (int j = 0; j < K; ++j) acc += bf16_to_f32(w[j]) * in[j];
+  for (int j = k0; j < k1; ++j) acc += bf16_to_f32(w[j]) * in[j];
   return acc;
+}
+
+// The canonical order (moe_ffn.h): one dot per piece, pieces added to 0.f in ascending y.
+float dot(const bf16_t* w, const float* in, int K) {
+  const int c0 = piece_phase(w);
+  float s = 0.f;
+  for (int y = 0; y < K; y = piece_end(y, c0, K)) s += dot(w, in, y, piece_end(y, c0, K));
+  return s;
+}
+
+void piece_dots(const PieceTask& t) {
+  const float* I = static_cast<const float*>(t.I);
+  for (int r = 0; r < t.nrows; ++r)
+    for (int p = 0; p < t.npieces; ++p)
+      for (int m = 0; m < t.M; ++m)
+        t.out[(int64_t(r) * t.npieces + p) * t.M + m] =
+            0.f + dot(t.w + r * t.ldw, I + int64_t(m) * t.K, t.pieces[2 * p], t.pieces[2 * p + 1]);
+}
+
+void store_act(void* act_v, int act_K, int n0, int n, int M, const float* g, const float* u) {
+  float* act = static_cast<float*>(act_v);
+  for (int j = 0; j < n; ++j)
+    for (int m = 0; m < M; ++m) act[int64_t(m) * act_K + n0 + j] = silu_mul(g[j * M + m], u[j * M + m]);
 }
 
 void gate_up(const GateUpTask& t) {
@@ -46,7 +69,8 @@ void down(const DownTask& t) {
 }  // namespace
 
 const MicroKernel& microkernel_scalar() {
-  static const MicroKernel mk{"scalar", 64, packed_bytes, pack_tokens, gate_up, down};
+  static const MicroKernel mk{"scalar", 64, packed_bytes, pack_tokens, gate_up, down,
+                              piece_dots, store_act};
   return mk;
 }
 
