@@ -20,7 +20,27 @@ Arguments (CPU tensors; nothing is copied, converted or repacked except the tiny
                 "avx512-emulated" (the same micro-kernel sources on a software AMX tile unit / on
                 SIMDe: tests only, slow). "auto" picks the first usable of amx, avx512, avx2, scalar.
   threads       OpenMP threads (default: torch.get_num_threads()).
+  numa          "auto" (default), "off", "interleave-partitioned" (paper Section 5, Algorithm 2):
+                threads are grouped per NUMA node and bound to its CPUs; each group computes partial
+                products over only its node's local segments of every weight matrix (the segments of
+                hinabench.numa.plan_for_kernel, from each matrix's real address, page size and
+                phase); the partials are reduced across nodes. "auto" partitions when the weights'
+                pages are a valid interleave (hinabench.numa.tensor_placement) over >= 2 nodes (or
+                when numa_nodes is given), else runs "off".
+  numa_nodes    None: the real memory nodes. An int N: N nodes; if N differs from the real node
+                count they are *virtual* -- the threads split into N groups with no binding, the
+                placement modelled by address as if interleaved over N nodes (how the mode is tested
+                on a one-node machine).
+  numa_page     "4k" | "2m" | None: the page size of the placement model (None: what smaps shows for
+                real placement, "4k" for virtual nodes).
 Returns [T, H] bf16 (contiguous, newly allocated).
+
+Summation order (both modes): every dot product is a sum of K *pieces* cut at the row's 4 KiB
+address boundaries (rounded up to 32 elements), each accumulated from zero, added in ascending K
+(kernels/moe_ffn.h). A NUMA node owns whole pieces, so "interleave-partitioned" is bit-identical to
+"off" for any node count, page model, phase or thread count. Segment edges that are not on a
+32-element edge (a row not 64-byte aligned) are rounded up: the straddling 64 bytes are read by the
+node of their first element (at most 62 remote bytes per page boundary; none for aligned rows).
 
 Shapes: H and I must be multiples of 32 (the AMX tile's k_r; every MoE model we know uses
 multiples of 128). Other shapes raise ValueError: there is no tail code, on purpose.
@@ -124,10 +144,147 @@ def _check_weight(name: str, w: torch.Tensor, shape: tuple[int, int, int]) -> No
         raise ValueError(f"{name} has negative strides {w.stride()}")
 
 
+# ---- NUMA mode (Section 5): plans for the C++ side ---------------------------------------------------
+NUMA_MODES = ("auto", "off", "interleave-partitioned")
+_last_numa: dict = {"mode": "off"}
+
+
+@functools.lru_cache(maxsize=1)
+def _real_nodes() -> tuple[int, ...]:
+    from . import numa
+    return tuple(numa.memory_nodes())
+
+
+@functools.lru_cache(maxsize=256)
+def _placement(address: int, nbytes: int):
+    from . import numa
+    return numa.tensor_placement(address, nbytes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _segments(N: int, ldw: int, K: int, nodes: int, page_bytes: int, phase: int):
+    """(T_x, per-node ((x, y_start, y_end), ...)) for an [N, ldw] row-major matrix, clipped to y < K."""
+    from . import numa
+    p = numa.plan_for_kernel(N, ldw, nodes, page=page_bytes, phase=phase)
+    segs = tuple(tuple((x, y0, min(y1, K)) for x, y0, y1 in node if y0 < K) for node in p.s_index)
+    return p.T_x, segs
+
+
+def _storage_span(w: torch.Tensor) -> tuple[int, int]:
+    st = w.untyped_storage()
+    return st.data_ptr(), st.nbytes()
+
+
+_PLAN_CACHE: dict = {}
+
+
+def _numa_plans(mats, E: int, nodes: int, page_bytes: int, placements):
+    """Flat arrays for the kernel: mat_plan [3E], plan_hdr [P, 4], seg_off, segs (int tensors).
+    mats = (w_gate, w_up, w_down) [E, N, K] views; placements[i] = (storage start, phase of that
+    start in the interleave cycle) or None (virtual: the phase is the address's)."""
+    key = (tuple((m.data_ptr(), tuple(m.shape), tuple(m.stride())) for m in mats), nodes, page_bytes,
+           placements)
+    hit = _PLAN_CACHE.get(key)
+    if hit is not None:
+        return hit
+    cycle = page_bytes * nodes
+    plan_ids: dict = {}
+    hdr: list[int] = []
+    seg_off: list[int] = []
+    segs: list[int] = []
+    mat_plan: list[int] = []
+    for kind, m in enumerate(mats):
+        _, N, K = (int(v) for v in m.shape)
+        es, ldw = int(m.stride(0)), int(m.stride(1))
+        for e in range(E):
+            addr = m.data_ptr() + 2 * e * es
+            if placements[kind] is None:
+                phase = addr % cycle
+            else:
+                start, start_phase = placements[kind]
+                phase = (start_phase + addr - start) % cycle
+            pkey = (N, ldw, K, phase)
+            if pkey not in plan_ids:
+                T_x, per_node = _segments(N, max(ldw, K), K, nodes, page_bytes, phase)
+                plan_ids[pkey] = len(plan_ids)
+                hdr.extend((T_x, phase, page_bytes, len(seg_off)))
+                for node in per_node:
+                    seg_off.append(len(segs) // 3)
+                    for t in node:
+                        segs.extend(t)
+                seg_off.append(len(segs) // 3)
+            mat_plan.append(plan_ids[pkey])
+    out = (torch.tensor(mat_plan, dtype=torch.int32), torch.tensor(hdr, dtype=torch.int64),
+           torch.tensor(seg_off, dtype=torch.int32), torch.tensor(segs or [0, 0, 0], dtype=torch.int32))
+    if len(_PLAN_CACHE) > 64:
+        _PLAN_CACHE.clear()
+    _PLAN_CACHE[key] = out
+    return out
+
+
+def _numa_setup(numa: str, numa_nodes: int | None, numa_page: str | None, mats):
+    """None (run plain) or (nodes, plan arrays, node_cpus, info) for the partitioned kernel."""
+    if numa not in NUMA_MODES:
+        raise ValueError(f"numa must be one of {', '.join(NUMA_MODES)} (got {numa!r})")
+    if numa == "off":
+        return None
+    from . import numa as numa_mod
+    real = _real_nodes()
+    if numa_nodes is not None and not (isinstance(numa_nodes, int) and numa_nodes >= 1):
+        raise ValueError(f"numa_nodes must be a positive int (got {numa_nodes!r})")
+    virtual = numa_nodes is not None and numa_nodes != len(real)
+    if numa == "auto" and numa_nodes is None and len(real) < 2:
+        return None  # one node: nothing to partition (cheap: no smaps read)
+    nodes = numa_nodes or len(real)
+    placements, page, reason = [None, None, None], numa_page, ""
+    cpus: list[list[int]] = []
+    if not virtual:
+        pls = [_placement(*_storage_span(m)) for m in mats]
+        ok = all(p.valid and len(p.node_ids) == nodes for p in pls)
+        if numa == "auto" and not (ok and nodes >= 2):
+            return None
+        if ok and len({p.page_bytes for p in pls}) == 1:
+            page = page or pls[0].page_bytes
+            placements = [(_storage_span(m)[0], p.phase) for m, p in zip(mats, pls)]
+            node_ids = pls[0].node_ids
+        else:
+            reason = "; ".join(sorted({p.reason or "page sizes differ" for p in pls if not p.valid} or
+                                      {"placements differ"}))
+            reason = f"placement model invalid ({reason}): segments from the address model"
+            node_ids = real
+        for n in node_ids:
+            try:
+                cpus.append(numa_mod.node_cpus(n))
+            except OSError:
+                cpus.append([])
+    page_bytes = numa_mod.parse_page(page or "4k")
+    arrays = _numa_plans(mats, int(mats[0].shape[0]), nodes, page_bytes, tuple(placements))
+    info = {"mode": "interleave-partitioned", "nodes": nodes, "virtual": virtual,
+            "page_bytes": page_bytes, "bound": bool(cpus and any(cpus)), "reason": reason}
+    return nodes, arrays, cpus, info
+
+
+def numa_last_call() -> dict:
+    """How the last moe_ffn call ran: mode, nodes, virtual, page_bytes, bound, reason."""
+    return dict(_last_numa)
+
+
+def numa_debug(enabled: bool, isa: str = "auto") -> None:
+    """Testing: make the partitioned kernel count per-node weight bytes and check coverage."""
+    _module(resolve_isa(isa)).moe_numa_debug(bool(enabled))
+
+
+def numa_stats(isa: str = "auto") -> dict:
+    """Testing (after numa_debug(True)): per node the weight bytes read and those remote under the
+    placement model, task counts, and rows whose pieces do not tile [0, K) exactly once."""
+    return dict(_module(resolve_isa(isa)).moe_numa_stats())
+
+
 def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | None,
             w_down: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
             w13: torch.Tensor | None = None, isa: str = "auto",
-            threads: int | None = None) -> torch.Tensor:
+            threads: int | None = None, numa: str = "auto", numa_nodes: int | None = None,
+            numa_page: str | None = None) -> torch.Tensor:
     """The HiNa-MoE expert FFN; see the module docstring for arguments, shapes and errors."""
     isa = resolve_isa(isa)
     # ---- weights: shapes and strides only; never a copy ------------------------------------------
@@ -182,12 +339,24 @@ def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | N
         raise ValueError(f"threads must be >= 1 (got {threads})")
     ldx = x.stride(0) if T > 1 else H
     mod = _MODULES.get(isa) or _MODULES.setdefault(isa, _module(isa))
-    mod.moe_ffn(  # raises ValueError for an expert id outside [0, E)
-        x.data_ptr(), T, H, I, ldx,
-        w_gate.data_ptr(), w_gate.stride(0), w_gate.stride(1),
-        w_up.data_ptr(), w_up.stride(0), w_up.stride(1),
-        w_down.data_ptr(), w_down.stride(0), w_down.stride(1), E,
-        ids.data_ptr(), k, tw.data_ptr(), out.data_ptr(), isa, int(threads))
+    setup = None if numa == "off" else _numa_setup(numa, numa_nodes, numa_page, (w_gate, w_up, w_down))
+    args = (x.data_ptr(), T, H, I, ldx,
+            w_gate.data_ptr(), w_gate.stride(0), w_gate.stride(1),
+            w_up.data_ptr(), w_up.stride(0), w_up.stride(1),
+            w_down.data_ptr(), w_down.stride(0), w_down.stride(1), E,
+            ids.data_ptr(), k, tw.data_ptr(), out.data_ptr(), isa, int(threads))
+    if setup is None:
+        if numa not in NUMA_MODES:
+            raise ValueError(f"numa must be one of {', '.join(NUMA_MODES)} (got {numa!r})")
+        _last_numa.clear()
+        _last_numa["mode"] = "off"
+        mod.moe_ffn(*args)  # raises ValueError for an expert id outside [0, E)
+        return out
+    nodes, (mat_plan, hdr, seg_off, segs), cpus, info = setup
+    _last_numa.clear()
+    _last_numa.update(info)
+    mod.moe_ffn(*args, numa_nodes=nodes, mat_plan=mat_plan.data_ptr(), plan_hdr=hdr.data_ptr(),
+                seg_off=seg_off.data_ptr(), segs=segs.data_ptr(), node_cpus=cpus)
     return out
 
 

@@ -2,6 +2,8 @@
 
 No weight work at all: `prepare` does nothing with the weights and `run` reads them in place in the
 framework's layout (w13 [E, 2I, H] and w_down [E, H, I], rows contiguous). See hinabench/kernels.py.
+The "-numa" variants run the kernel's NUMA mode (numa="interleave-partitioned", Section 5) on the
+real nodes; their `work_partition` is "hina" (the remote-traffic model's partition).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from .base import Backend, Unsupported
 
 class _Hina(Backend):
     isa: str = ""
+    numa: str = "off"  # the plain variants never partition, whatever the weights' placement
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
@@ -33,13 +36,28 @@ class _Hina(Backend):
     def run(self, group: int) -> torch.Tensor:
         d = self.data
         return kernels.moe_ffn(d.x, None, None, d.w_down, d.topk_ids[group], d.topk_weights,
-                               w13=d.w13, isa=self.isa, threads=self.threads)
+                               w13=d.w13, isa=self.isa, threads=self.threads, **self._numa_args())
+
+    def _numa_args(self) -> dict:
+        return {"numa": self.numa}
 
     def extra_bytes(self) -> int:
         return 0  # the scratch (packed tokens, activations, y rows: O(T*k*(H+I)) bytes) is not weights
 
     def versions(self) -> dict[str, str]:
-        return {**super().versions(), "hina_isa": self.isa}
+        return {**super().versions(), "hina_isa": self.isa, "hina_numa": self.numa}
+
+
+class _HinaNuma(_Hina):
+    """Algorithm 2 (Section 5): threads grouped and bound per real NUMA node, each group reading only
+    its node's pages of the interleaved weights; partials reduced across nodes. Bit-identical to the
+    plain variant. On one node it is the plain kernel's arithmetic plus the partition logic (the
+    piece path: per-piece partials, then the reduction)."""
+    numa = "interleave-partitioned"
+    work_partition = "hina"
+
+    def _numa_args(self) -> dict:
+        return {"numa": self.numa, "numa_nodes": len(kernels._real_nodes())}
 
 
 @register
@@ -63,3 +81,24 @@ class HinaAmx(_Hina):
     isa = "amx"
     description = ("HiNa-MoE general-layout kernel, AMX-BF16 micro-kernel (Algorithm 1: W as tile A in "
                    "its own layout, I VNNI-packed in the gather), no weight repacking")
+
+
+@register
+class HinaAvx2Numa(_HinaNuma):
+    name = "hina:avx2-numa"
+    isa = "avx2"
+    description = "hina:avx2 with interleave-aware task partitioning (paper Section 5, Algorithm 2)"
+
+
+@register
+class HinaAvx512Numa(_HinaNuma):
+    name = "hina:avx512-numa"
+    isa = "avx512"
+    description = "hina:avx512 with interleave-aware task partitioning (paper Section 5, Algorithm 2)"
+
+
+@register
+class HinaAmxNuma(_HinaNuma):
+    name = "hina:amx-numa"
+    isa = "amx"
+    description = "hina:amx with interleave-aware task partitioning (paper Section 5, Algorithm 2)"
