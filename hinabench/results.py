@@ -65,10 +65,16 @@ class ResultStore:
     def check_writable(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"results file {self.path} is not writable: {e.strerror or e}") from None
+        existed = self.path.exists()
+        try:
             with open(self.path, "a"):
                 pass
         except OSError as e:
             raise UserError(f"results file {self.path} is not writable: {e.strerror or e}") from None
+        if not existed:
+            self.path.unlink()   # created by the first row, so a run refused later leaves no empty file
         if self.kind == "parquet":
             try:
                 import pyarrow  # noqa: F401

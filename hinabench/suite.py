@@ -100,15 +100,15 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, as_json: bool, name: 
     ncpu = len(topology()["usable_cpus"])
     if any(t < 1 or t > ncpu for t in threads):
         raise UserError(f"--threads must be between 1 and {ncpu} (the CPUs this process may use)")
+    from .problem import parse_numa_policy
+    policies = sweep.numa or ["default"]
+    for pol in policies:
+        parse_numa_policy(pol)
     if resume and not out:
         raise UserError("--resume needs --out FILE (the results file to continue)")
     store = ResultStore(out or default_out(name, sweep.models))
     store.check_writable()
     skip = store.done_keys() if resume else set()
-    from .problem import parse_numa_policy
-    policies = sweep.numa or ["default"]
-    for pol in policies:
-        parse_numa_policy(pol)
     cfg = RunConfig(rounds=sweep.rounds, warmup=sweep.warmup, repeats=sweep.repeats,
                     min_time=sweep.min_time, seed=sweep.seed, perf=sweep.perf)
     if command:
