@@ -142,5 +142,5 @@ def test_sweep_goes_on_past_crashes_hangs_and_errors(registered, data):
     assert "RuntimeError: selftest: the peer raised in prepare" in rows["selftest:raise"]["reason"]
     assert rows["selftest:wrong"]["status"] == "wrong" and rows["selftest:wrong"]["median_ms"] > 0
     hang = rows["selftest:hang-round"]
-    # `timeout` once the runner maps WorkerFailed.status; until then the runner's generic `failed`
-    assert hang["status"] in ("timeout", "failed") and "did not answer 'round'" in hang["reason"]
+    assert hang["status"] == "timeout" and "did not answer 'round'" in hang["reason"], hang["reason"]
+    assert "process group was killed" in hang["reason"]
