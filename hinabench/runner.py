@@ -77,8 +77,9 @@ def _base_row(problem: FFNProblem, name: str, threads: int, cfg: RunConfig, grou
     fp = fingerprint()
     row = empty_row()
     row.update(problem.key())
+    factor = backend_registry.get(name).weight_bytes_factor
     row.update(backend=name, threads=threads, numa=cfg.numa, rounds=cfg.rounds, warmup=cfg.warmup,
-               tolerance=TOLERANCE.get(problem.dtype), weight_bytes=problem.weight_bytes,
+               tolerance=TOLERANCE.get(problem.dtype), weight_bytes=int(problem.weight_bytes * factor),
                flops=problem.flops, rotation_groups=groups,
                allocated_bytes=groups * problem.weight_bytes, machine=machine_id(fp),
                fingerprint=summary(fp), hinabench_version=__version__, git_rev=fp["git_rev"],
@@ -153,6 +154,9 @@ def run_point(problem: FFNProblem, names: list[str], threads: int, cfg: RunConfi
             t0 = time.perf_counter()
             t.backend.prepare(data)
             t.row["prepare_ms"] = (time.perf_counter() - t0) * 1e3
+            own = getattr(t.backend, "prepare_ms", None)   # a worker's peer-only preparation time
+            if callable(own) and own() is not None:
+                t.row["prepare_ms"] = own()
             out = t.backend.run(0)
             err = rel_err(out, ref)
             t.row["rel_err"] = err
@@ -166,6 +170,11 @@ def run_point(problem: FFNProblem, names: list[str], threads: int, cfg: RunConfi
             _fail(t, "failed", "out of memory while preparing")
         except Exception as e:  # a backend that raises is a row, and the sweep goes on
             _fail_from(t, e)
+        if t.backend is not None and t.row.get("versions") is None:
+            try:
+                t.row["versions"] = t.backend.versions()
+            except Exception:
+                pass
 
     # -- interleaved rounds
     active = [t for t in todo if t.active]

@@ -26,6 +26,9 @@ class Backend(ABC):
     # (hinabench.numa.remote_fraction_model): "row-split" (output rows across all threads, as
     # oneDNN / IPEX / torch do), "hina" (Section 5's local segments), "tp-split", "per-node-copy".
     work_partition: ClassVar[str] = "row-split"
+    # Bytes of weights it reads per element, against the problem's dtype (BF16 = 1.0): a backend that
+    # quantizes on its own (llama.cpp Q8_0: 34 bytes per 32 weights) is judged on what it reads.
+    weight_bytes_factor: ClassVar[float] = 1.0
 
     def __init__(self, threads: int):
         self.threads = threads

@@ -34,6 +34,7 @@ class LlamaCppBf16(_LlamaCpp):
 class LlamaCppQ8(_LlamaCpp):
     name = "llamacpp:q8_0"
     variant = "q8_0"
+    weight_bytes_factor = 34 / 64   # Q8_0: 32 int8 + one fp16 scale per 32 weights, vs 64 bytes of BF16
     description = "llama.cpp/ggml MUL_MAT_ID MoE FFN on Q8_0-quantised experts (CPU backend, via ggml's C API)"
     extra_copy_factor = 0.6
 
