@@ -122,6 +122,8 @@ def check(shape, nodes, dtype, page, virtual_nodes, as_json):
         res = nm.check_placement(N, K, eb, node_list, page)
         if virtual_nodes:
             res["virtual"] = nm.virtual_node_report(N, K, virtual_nodes, eb, page)
+            if dtype == "bf16":
+                res["virtual"]["kernel"] = kernel_virtual_check(N, K, virtual_nodes, page)
     except ValueError as e:
         raise BadInput(str(e))
     except OSError as e:
@@ -158,5 +160,44 @@ def check(shape, nodes, dtype, page, virtual_nodes, as_json):
                       f"{v['tiles_exactly_once']}; modeled remote fraction: hina "
                       f"{v['remote_fraction_model_hina']:.3f}, row-split "
                       f"{v['remote_fraction_model_row_split']:.3f}")
+        kv = (v or {}).get("kernel")
+        if kv:
+            con.print(f"kernel ({kv['isa']}), an FFN with H={kv['hidden_size']}, I={kv['intermediate_size']}, "
+                      f"T={kv['tokens']}, {kv['experts']} experts: {virtual_nodes} virtual node(s) vs the plain "
+                      f"kernel: bit-identical {kv['bit_identical']}; rel_err vs float32 reference "
+                      f"{kv['rel_err']:.2e}; weight bytes read {kv['bytes_read']} of {kv['weight_bytes']}, "
+                      f"remote under the model {kv['remote_bytes']}")
+    kv = (res.get("virtual") or {}).get("kernel") or {}
+    if kv and not (kv["bit_identical"] and kv["remote_bytes"] == 0 and kv["rows_bad"] == 0):
+        raise SystemExit(1)
     if res["mismatches"] or (res.get("virtual") and not res["virtual"]["tiles_exactly_once"]):
         raise SystemExit(1)
+
+
+def kernel_virtual_check(N: int, K: int, virtual_nodes: int, page: str, tokens: int = 4,
+                         experts: int = 2) -> dict:
+    """Run the HiNa kernel's NUMA-partitioned mode with `virtual_nodes` virtual nodes on this machine
+    against its plain mode, on an FFN whose gate/up weights are [N, K] (H = K, I = N): the results
+    must be bit-identical, every weight byte read once, none remote under the placement model."""
+    import torch
+
+    from . import kernels
+    from .problem import FFNProblem, materialize
+    from .reference import rel_err
+    if N % 32 or K % 32:
+        raise ValueError("the kernel check needs N and K multiples of 32")
+    d = materialize(FFNProblem.custom(K, N, tokens, experts), rotate=False)
+    args = (d.x, d.w_gate, d.w_up, d.w_down, d.topk_ids[0], d.topk_weights)
+    isa = kernels.resolve_isa("auto")
+    plain = kernels.moe_ffn(*args, numa="off")
+    kernels.numa_debug(True, isa)
+    try:
+        part = kernels.moe_ffn(*args, numa="interleave-partitioned", numa_nodes=virtual_nodes, numa_page=page)
+        stats = kernels.numa_stats(isa)
+    finally:
+        kernels.numa_debug(False, isa)
+    read, remote = sum(stats["bytes"]), sum(stats["remote_bytes"])   # per node
+    return {"isa": isa, "hidden_size": K, "intermediate_size": N, "tokens": tokens, "experts": experts,
+            "bit_identical": bool(torch.equal(plain.view(torch.int16), part.view(torch.int16))),
+            "rel_err": rel_err(part, d.reference(0)), "weight_bytes": d.problem.weight_bytes,
+            "bytes_read": read, "remote_bytes": remote, "rows_bad": stats["rows_bad"]}

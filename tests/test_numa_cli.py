@@ -69,3 +69,16 @@ def test_check_table():
     r = run("check", "--shape", "64x2048")
     assert r.exit_code == 0, r.output
     assert "mismatches vs model" in r.output and "placement_model_valid" in r.output
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_check_runs_the_kernel_with_virtual_nodes(nodes):
+    r = run("check", "--shape", "256x6144", "--virtual-nodes", str(nodes), "--json")
+    assert r.exit_code == 0, r.output
+    k = json.loads(r.output)["virtual"]["kernel"]
+    assert k["bit_identical"]                        # partitioned == plain, to the bit
+    assert k["remote_bytes"] == 0 and k["rows_bad"] == 0
+    assert k["bytes_read"] == k["weight_bytes"]      # every weight byte read once across the nodes
+    assert k["rel_err"] < 2e-2
+    r = run("check", "--shape", "256x6144", "--virtual-nodes", str(nodes))
+    assert r.exit_code == 0 and "bit-identical True" in r.output
