@@ -34,7 +34,10 @@ def fig10(results: list[str], out_dir: str | None = None) -> list[Path]:
     ncol = min(len(models), 2)
     nrow = (len(models) + ncol - 1) // ncol
     fig, axes = plt.subplots(nrow, ncol, figsize=(max(10.0, 6.4 * ncol), 4.4 * nrow + 2.0), squeeze=False)
-    colors = {b: plt.cm.tab10(i % 10) for i, b in enumerate(backends)}
+    measured = [b for b in backends if df[(df["backend"] == b) & df["status"].isin(["ok", "wrong"])].size]
+    palette = plt.cm.tab10 if len(measured) <= 10 else plt.cm.tab20
+    colors = {b: palette(i % palette.N) for i, b in enumerate(measured)}
+    colors.update({b: (0.6, 0.6, 0.6, 1.0) for b in backends if b not in colors})
     legend: dict[str, object] = {}
     for ax, model in zip(axes.flat, models):
         m = df[df["model"] == model]
@@ -61,8 +64,9 @@ def fig10(results: list[str], out_dir: str | None = None) -> list[Path]:
             pts = r.groupby("tokens_per_expert")[["weight_bytes", "flops"]].first().astype(float)
             roof = [max(wb / (bw * 1e9), fl / (pk * 1e9)) * 1e3 for wb, fl in pts.values]
             h, = ax.plot(pts.index, roof, "k--", lw=1.2)
-            legend.setdefault(f"roofline: max(bytes / {bw:.1f} GB/s read probe, FLOPs / {pk:.0f} GFLOP/s "
-                              f"{r['peak_unit'].iloc[0]} peak)", h)
+            legend.setdefault("roofline: max(weight bytes / best same-process read probe, FLOPs / FMA peak)", h)
+            ax.text(0.02, 0.97, f"roofline: {bw:.1f} GB/s read, {pk:.0f} GFLOP/s {r['peak_unit'].iloc[0]}",
+                    transform=ax.transAxes, ha="left", va="top", fontsize=7)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("tokens per expert (T)")
