@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -128,10 +129,14 @@ class WorkerBackend(Backend):
 
     def _what(self) -> str:
         """The message of an uncaught C++ exception (`terminate called ... what(): ...`), if any."""
-        for ln in reversed(self._stderr_tail(lines=60, chars=100000).split(" | ")):
-            if ln.startswith("what():"):
-                return ln[len("what():"):].strip()
-        return ""
+        tail = self._stderr_tail(lines=60, chars=100000)
+        # with several threads the runtime's lines interleave: look inside lines, not only at starts
+        for ln in reversed(tail.split(" | ")):
+            i = ln.find("what():")
+            if i >= 0 and ln[i + len("what():"):].strip():
+                return ln[i + len("what():"):].strip()
+        m = re.search(r"[\w.' -]*not supported[\w.' -]*", tail)
+        return m.group(0).strip() if m else ""
 
     def _kill(self) -> None:
         p = self.proc
