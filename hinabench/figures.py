@@ -18,6 +18,21 @@ def _short(reason: str, n: int = 110) -> str:
     return reason if len(reason) <= n else reason[: n - 1] + "…"
 
 
+def _save(fig, name: str, results: list[str], out_dir: str | None, caption: str, df) -> list[Path]:
+    """The PNG, and beside it the caption and the commands that made the figure and its rows."""
+    import matplotlib.pyplot as plt
+    out = Path(out_dir) if out_dir else Path(results[0]).parent
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / f"{name}.png"
+    fig.savefig(png, dpi=130)
+    plt.close(fig)
+    cmds = sorted(set(df["command"].dropna())) if "command" in df else []
+    side = out / f"{name}.txt"
+    side.write_text(f"{caption}\nmade by: hinabench figure {name} {' '.join(results)}\nfrom rows made by:\n"
+                    + "\n".join(f"  {c}" for c in cmds) + "\n")
+    return [png, side]
+
+
 def fig10(results: list[str], out_dir: str | None = None) -> list[Path]:
     import matplotlib
 
@@ -78,7 +93,6 @@ def fig10(results: list[str], out_dir: str | None = None) -> list[Path]:
     for ax in list(axes.flat)[len(models):]:
         ax.axis("off")
     machine = str(df["fingerprint"].dropna().iloc[0]) if "fingerprint" in df and df["fingerprint"].notna().any() else ""
-    cmds = sorted(set(df["command"].dropna())) if "command" in df else []
     caption = f"{threads} thread(s); median with p10-p90 bars. {machine}"
     fig.suptitle("MoE expert FFN latency vs tokens per expert (paper Fig. 10 style)", fontsize=12)
     wrapped = textwrap.wrap(caption, 150)
@@ -89,15 +103,7 @@ def fig10(results: list[str], out_dir: str | None = None) -> list[Path]:
                frameon=False, bbox_to_anchor=(0.5, cap))
     leg = (0.17 * len(legend) + 0.1) / h_in
     fig.tight_layout(rect=(0, cap + leg, 1, 0.96))
-    out = Path(out_dir) if out_dir else Path(results[0]).parent
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "fig10.png"
-    fig.savefig(png, dpi=130)
-    plt.close(fig)
-    side = out / "fig10.txt"
-    side.write_text(f"{caption}\nmade by: hinabench figure fig10 {' '.join(results)}\nfrom rows made by:\n"
-                    + "\n".join(f"  {c}" for c in cmds) + "\n")
-    return [png, side]
+    return _save(fig, "fig10", results, out_dir, caption, df)
 
 
 def fig15(results: list[str], out_dir: str | None = None) -> list[Path]:
@@ -150,16 +156,7 @@ def fig15(results: list[str], out_dir: str | None = None) -> list[Path]:
     caption = machine + (f". perf: {reasons[0][:200]}" if reasons else "")
     fig.text(0.5, 0.005, "\n".join(textwrap.wrap(caption, 150)), ha="center", va="bottom", fontsize=7)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    out = Path(out_dir) if out_dir else Path(results[0]).parent
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "fig15.png"
-    fig.savefig(png, dpi=130)
-    plt.close(fig)
-    side = out / "fig15.txt"
-    cmds = sorted(set(df["command"].dropna()))
-    side.write_text(f"{caption}\nmade by: hinabench figure fig15 {' '.join(results)}\nfrom rows made by:\n"
-                    + "\n".join(f"  {c}" for c in cmds) + "\n")
-    return [png, side]
+    return _save(fig, "fig15", results, out_dir, caption, df)
 
 
 FIGURES = {"fig10": fig10, "fig15": fig15}
