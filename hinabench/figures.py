@@ -124,8 +124,12 @@ def fig15(results: list[str], out_dir: str | None = None) -> list[Path]:
     for c in ("remote_fraction_model", "remote_fraction_perf"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     models = list(dict.fromkeys(df["model"]))
+    not_run = sorted(set(df["backend"]) - set(df[df["status"].isin(["ok", "wrong"])]["backend"]))
+    df = df[df["status"].isin(["ok", "wrong"])]          # bars only for backends that ran here
     backends = list(dict.fromkeys(df["backend"]))
-    fig, ax = plt.subplots(figsize=(max(8.0, 1.6 * len(backends) * len(models) / 2), 5.2))
+    if not backends:
+        raise UserError("no backend ran (status ok or wrong) in the rows given")
+    fig, ax = plt.subplots(figsize=(min(18.0, max(8.0, 0.45 * len(backends) * len(models) + 2)), 5.6))
     width = 0.8 / max(len(models), 1)
     for i, model in enumerate(models):
         m = df[df["model"] == model].groupby("backend").first()
@@ -153,9 +157,10 @@ def fig15(results: list[str], out_dir: str | None = None) -> list[Path]:
     machine = str(df["fingerprint"].dropna().iloc[0]) if df["fingerprint"].notna().any() else ""
     ran = df[df["status"].isin(["ok", "wrong"])]
     reasons = sorted(set(ran["perf_reason"].dropna().astype(str))) if "perf_reason" in ran else []
-    caption = machine + (f". perf: {reasons[0][:200]}" if reasons else "")
+    caption = machine + (f". perf: {reasons[0][:200]}" if reasons else "") + (
+        f". Did not run here (no bar): {', '.join(not_run)}" if not_run else "")
     fig.text(0.5, 0.005, "\n".join(textwrap.wrap(caption, 150)), ha="center", va="bottom", fontsize=7)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     return _save(fig, "fig15", results, out_dir, caption, df)
 
 
