@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+import tempfile
 import sys
 import textwrap
 
@@ -274,7 +275,8 @@ def test_missing_isa_raises_not_sigill(isa):
         else:
             raise SystemExit("C++ ran {isa}")
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=tempfile.gettempdir())   # not the checkout: import the installed hinabench
     assert r.returncode == 0, f"rc={r.returncode} (negative = signal)\n{r.stdout}\n{r.stderr}"
     assert "lacks" in r.stdout or "refused" in r.stdout, r.stdout
     assert "C++ raised" in r.stdout
@@ -309,7 +311,8 @@ def test_no_allocation_proportional_to_weights():
         after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         print(wbytes, after - before, scratch)
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=tempfile.gettempdir())   # not the checkout: import the installed hinabench
     assert r.returncode == 0, r.stderr
     wbytes, grew, scratch = (int(v) for v in r.stdout.split())
     assert grew < 0.05 * wbytes, f"peak RSS grew by {grew} bytes during calls on {wbytes} bytes of weights"
