@@ -371,6 +371,12 @@ class _Numa:
 
     def __init__(self, use_libnuma: bool = True):
         self.libc = ctypes.CDLL(None, use_errno=True)
+        # mmap / munmap / madvise for the buffers `check_placement` (and the tests) place by hand
+        self.libc.mmap.restype = ctypes.c_void_p
+        self.libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_int, ctypes.c_long]
+        self.libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         self.nr = _SYSCALLS.get(platform.machine())
         self.libnuma = None
         if use_libnuma:
@@ -687,11 +693,6 @@ def check_placement(N: int, K: int, elem_bytes: int = 2, nodes: list[int] | None
         raise ValueError(f"weight shape must be positive (got {N}x{K})")
     api = numa_api()
     libc = api.libc
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     length = (nbytes + PAGE_2M - 1) // PAGE_2M * PAGE_2M
     map_len = length + PAGE_2M
     base = libc.mmap(None, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)

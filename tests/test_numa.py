@@ -226,11 +226,6 @@ def test_move_pages_through_raw_syscalls_and_task_policy():
     """Task policy (what numactl --interleave sets), raw syscalls (no libnuma)."""
     api = nm._Numa(use_libnuma=False)
     libc = api.libc
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     size = 128 * 4096
     base = libc.mmap(None, size, nm.PROT_READ | nm.PROT_WRITE, nm.MAP_PRIVATE | nm.MAP_ANONYMOUS,
                      -1, 0)
