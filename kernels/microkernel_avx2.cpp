@@ -16,14 +16,17 @@
 // (dot_tile), 8 ymm accumulators, each taking 2 FMAs per 16 elements of K.
 //   M <= 2 tokens (decode, memory-bound): every W row is streamed from memory exactly once per
 //     call, 8 rows (M = 1) or 4 rows (M = 2) at a time, all tokens in registers.
-//   M > 2: K in groups of canonical pieces spanning <= 4096 (W streams in 8 KiB runs of 4 rows),
-//     tokens in blocks whose fp32 I slice (<= 256 KiB) stays in L2; a 4-row x one-piece slice of W
-//     (<= 16 KiB) stays in L1 while the block's token pairs pass over it (4 x 2 tile). W is read from memory once per token block:
-//     once per call up to 16 tokens (K = 4096) or 32 (K <= 2048), so the decode regime up to the
-//     compute-bound crossover (T ~ 14 on Zen 3) streams W exactly once.
-// Measured here (Zen 3, one core, L1-resident): the 4 x 2 tile runs at ~55-65% of the FMA peak;
+//   M > 2: tokens in blocks of <= 32 (their fp32 I slice stays in L2); per 4 rows, each piece is
+//     cut into 512-element sub-blocks whose 4-row W slice (4 KiB) stays in L1 while the block's
+//     token pairs pass over it (4 x 2 tile, accumulators carried across a piece's sub-blocks). W
+//     is read from memory once per token block: once per call up to 32 tokens per expert.
+// Measured here (Zen 3, one core, L1-resident): the 4 x 2 tile runs at ~50-60% of the FMA peak;
 // the limit is the 2-FMA dependency chain per accumulator plus 0.5 integer op per FMA for the
-// bf16 conversion sharing the FP pipes. See the report in the commit log for DRAM numbers.
+// bf16 conversion sharing the FP pipes. Tried and measured slower on Mixtral at T = 3..16 (side
+// by side, one process): W converted once per 4-row sub-block into an fp32 L1 buffer and run
+// through a 4 x 3 fp32 tile (faster in L1, ~80 vs ~60 GFLOP/s, but the conversion pass exposes
+// DRAM latency: T = 4 60 vs 47 ms); 2 x M whole-piece streaming tiles for M = 3..6 (10-20%
+// slower); prefetch 2-8 sub-blocks ahead or into L2 / non-temporal (no gain).
 #include <immintrin.h>
 
 #include <cstdlib>
@@ -59,9 +62,8 @@ struct ThreadScratch {
 };
 
 constexpr int kChunk = 16;     // bf16 elements per W load
-constexpr int kKOuter = 4096;           // K piece per W stream run (M > 2)
-constexpr int kIBlockBytes = 256 << 10; // L2 budget for a token block's I slice
-constexpr int kMaxMBlock = 32;          // tokens per block at most
+constexpr int kSubK = 512;              // K sub-block of a piece (M > 2): 4 W rows = 4 KiB bf16
+constexpr int kMaxMBlock = 32;          // tokens per block at most (M > 2)
 constexpr auto kPrefetchHint = _MM_HINT_T0;
 
 inline __m256 even_f32(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
@@ -95,17 +97,22 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// The register tile: C[r * ldc + t] += sum_{k0 <= k < k1} W_r[k] * I_t[k]   for r < R, t < TT.
+// The register tile: C[r * ldc + t] += sum_{k0 <= k < k1} W_r[k] * I_t[k]   for r < R, t < TT,
+// [k0, k1) a piece or a sub-block of one. The accumulators start at zero on the piece's first
+// sub-block (`first`), else are loaded from buf (R x TT vectors, row-major); at the piece's last
+// sub-block (`last`) their horizontal sums are added into c, else they are stored back to buf.
+// Per (row, token) the FMAs are the same, in the same order, whatever R, TT or the sub-blocking:
+// every blocking gives bit-identical sums.
 // With PF, also prefetches pf[r][0 .. k1-k0): the W slice the next call will stream from memory,
 // so DRAM traffic overlaps this tile's FMAs instead of stalling the next one.
 template <int R, int TT, bool PF = false>
-inline void dot_tile(const bf16_t* const* w, const float* const* in, int k0, int k1, float* c,
-                     int ldc, const bf16_t* const* pf = nullptr) {
+inline void acc_tile(const bf16_t* const* w, const float* const* in, int k0, int k1, __m256* buf,
+                     bool first, bool last, float* c, int ldc, const bf16_t* const* pf = nullptr) {
   __m256 acc[R][TT];
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
     #pragma GCC unroll 16
-    for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int t = 0; t < TT; ++t) acc[r][t] = first ? _mm256_setzero_ps() : buf[r * TT + t];
   for (int k = k0; k < k1; k += kChunk) {
     __m256 xe[TT], xo[TT];
     #pragma GCC unroll 16
@@ -128,7 +135,17 @@ inline void dot_tile(const bf16_t* const* w, const float* const* in, int k0, int
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
     #pragma GCC unroll 16
-    for (int t = 0; t < TT; ++t) c[r * ldc + t] += hsum(acc[r][t]);
+    for (int t = 0; t < TT; ++t) {
+      if (last) c[r * ldc + t] += hsum(acc[r][t]);
+      else buf[r * TT + t] = acc[r][t];
+    }
+}
+
+// A whole piece, accumulators in registers only.
+template <int R, int TT>
+inline void dot_tile(const bf16_t* const* w, const float* const* in, int k0, int k1, float* c,
+                     int ldc) {
+  acc_tile<R, TT>(w, in, k0, k1, nullptr, true, true, c, ldc);
 }
 
 // Output addressing: the product of row r, piece p, token t goes to c[r * row_ld + p * piece_ld + t]
@@ -152,6 +169,8 @@ void rows_x_tokens(const bf16_t* const* w, int nrows, const float* const* in, co
                       int(o.row_ld));
 }
 
+thread_local ThreadScratch<__m256> tl_acc{nullptr, 0};
+
 // C = W[rows, pieces] . I[M, K]^T, W rows given by pointers, all sharing the pieces `pc`.
 void mm_rows(const bf16_t* const* w, int nrows, const float* I, int M, int K, const int32_t* pc,
              int np, Out o) {
@@ -163,50 +182,53 @@ void mm_rows(const bf16_t* const* w, int nrows, const float* I, int M, int K, co
     else rows_x_tokens<4, 2>(w, nrows, in, pc, np, o);
     return;
   }
-  // Pieces in outer groups spanning <= 4096 (W streams as 8 KiB runs of 4 rows at a time), tokens
-  // in blocks whose I slice (<= 256 KiB fp32) stays in L2; inside, 4 rows x one piece (<= 2048, a
-  // 16 KiB W slice) stay in L1 while the block's token pairs pass over them. W is read from memory
-  // once per token block.
-  const int mb = imax(4, imin(kMaxMBlock, (kIBlockBytes / (imin(K, kKOuter) * 4)) & ~1));
-  for (int g0 = 0; g0 < np;) {
-    int g1 = g0 + 1;
-    while (g1 < np && pc[2 * g1 + 1] - pc[2 * g0] <= kKOuter) ++g1;
-    for (int m0 = 0; m0 < M; m0 += mb) {
-      const int mc = imin(mb, M - m0);
-      for (int t = 0; t < mc; ++t) in[t] = I + int64_t(m0 + t) * K;
-      for (int r = 0; r < nrows; r += 4) {
-        const int rn = imin(4, nrows - r);
-        for (int p = g0; p < g1; ++p) {
-          const int k0 = pc[2 * p], k1 = pc[2 * p + 1];
-          float* cr = o.c + int64_t(r) * o.row_ld + p * o.piece_ld + m0;
-          const int ld = int(o.row_ld);
+  // M > 2. Loop nest: tokens in blocks of <= kMaxMBlock, 4 rows at a time, pieces, sub-blocks of
+  // kSubK, token pairs. A 4-row sub-block of W (4 x kSubK bf16 = 4 KiB) stays in L1 while the
+  // block's token pairs pass over it next to the pair's I slice (2 x kSubK fp32); W is read from
+  // memory once per token block. A piece's accumulators are carried across its sub-blocks in L1
+  // (acc), so the sums are those of whole-piece tiles, bit for bit. (Whole 2048-element pieces
+  // made the W slice and a pair's I slice 16 KiB each, and L1 thrashed: ~5% slower on Mixtral at
+  // T = 4, measured side by side.)
+  const int mb = imin(kMaxMBlock, M);
+  __m256* acc = tl_acc.get(size_t(4) * kMaxMBlock);
+  const int ld = int(o.row_ld);
+  for (int m0 = 0; m0 < M; m0 += mb) {
+    const int mc = imin(mb, M - m0);
+    for (int t = 0; t < mc; ++t) in[t] = I + int64_t(m0 + t) * K;
+    for (int r = 0; r < nrows; r += 4) {
+      const int rn = imin(4, nrows - r);
+      if (rn < 4) {
+        for (int q = 0; q < rn; ++q)
+          for (int p = 0; p < np; ++p)
+            for (int t = 0; t < mc; ++t)
+              dot_tile<1, 1>(w + r + q, in + t, pc[2 * p], pc[2 * p + 1],
+                             o.c + int64_t(r + q) * o.row_ld + p * o.piece_ld + m0 + t, ld);
+        continue;
+      }
+      for (int p = 0; p < np; ++p) {
+        const int k0 = pc[2 * p], k1 = pc[2 * p + 1];
+        float* cr = o.c + int64_t(r) * o.row_ld + p * o.piece_ld + m0;
+        for (int s0 = k0; s0 < k1; s0 += kSubK) {
+          const int s1 = imin(s0 + kSubK, k1);
+          const bool first = s0 == k0, last = s1 == k1;
+          // The first pair prefetches the W sub-block after this one: the next of these rows,
+          // else the next 4 rows' first.
+          const bf16_t* pf[4];
+          const bf16_t* const* pfp = pf;
+          if (s1 < K) for (int q = 0; q < 4; ++q) pf[q] = w[r + q] + s1;
+          else if (r + 8 <= nrows) for (int q = 0; q < 4; ++q) pf[q] = w[r + 4 + q] + pc[0];
+          else pfp = nullptr;
           int t = 0;
-          if (rn == 4) {
-            // The first token pair also prefetches the W slice after this one: the next piece of
-            // these rows, else the group's first piece of the next 4 rows.
-            const bf16_t* pf[4];
-            const bf16_t* const* pfp = nullptr;
-            if (p + 1 < g1) {
-              for (int q = 0; q < 4; ++q) pf[q] = w[r + q] + pc[2 * p + 2];
-              pfp = pf;
-            } else if (r + 8 <= nrows) {
-              for (int q = 0; q < 4; ++q) pf[q] = w[r + 4 + q] + pc[2 * g0];
-              pfp = pf;
-            }
-            if (pfp && t + 2 <= mc) {  // (prefetching a little past a short last slice is harmless)
-              dot_tile<4, 2, true>(w + r, in + t, k0, k1, cr + t, ld, pfp);
-              t += 2;
-            }
-            for (; t + 2 <= mc; t += 2) dot_tile<4, 2>(w + r, in + t, k0, k1, cr + t, ld);
-            for (; t < mc; ++t) dot_tile<4, 1>(w + r, in + t, k0, k1, cr + t, ld);
-          } else {
-            for (int q = 0; q < rn; ++q)
-              for (t = 0; t < mc; ++t) dot_tile<1, 1>(w + r + q, in + t, k0, k1, cr + q * ld + t, ld);
+          if (pfp && mc >= 2) {
+            acc_tile<4, 2, true>(w + r, in, s0, s1, acc, first, last, cr, ld, pfp);
+            t = 2;
           }
+          for (; t + 2 <= mc; t += 2)
+            acc_tile<4, 2>(w + r, in + t, s0, s1, acc + 4 * t, first, last, cr + t, ld);
+          if (t < mc) acc_tile<4, 1>(w + r, in + t, s0, s1, acc + 4 * t, first, last, cr + t, ld);
         }
       }
     }
-    g0 = g1;
   }
 }
 
