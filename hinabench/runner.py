@@ -28,7 +28,7 @@ from .loadmeter import other_load
 from .measure import RoundPlan
 from .probes import peak_gflops
 from .problem import FFNProblem, ProblemData, materialize
-from .reference import TOLERANCE, rel_err
+from .reference import TOLERANCE, diagnose, rel_err
 from .results import ResultStore, empty_row, point_key, rank_rows
 from .sysinfo import fingerprint, machine_id, meminfo, summary
 from .stats import summarize, unstable
@@ -163,7 +163,9 @@ def run_point(problem: FFNProblem, names: list[str], threads: int, cfg: RunConfi
             t.row["extra_bytes"] = t.backend.extra_bytes()
             t.row["versions"] = t.backend.versions()
             if not err <= TOLERANCE[problem.dtype]:
-                t.row.update(status="wrong", reason=f"rel_err {err:.3g} > tolerance {TOLERANCE[problem.dtype]:g}")
+                tol = TOLERANCE[problem.dtype]
+                t.row.update(status="wrong", reason=f"rel_err {err:.3g} > tolerance {tol:g}: "
+                                                    f"{diagnose(out, ref, tol)}")
         except Unsupported as e:
             _fail(t, "unsupported", str(e))
         except MemoryError:

@@ -131,6 +131,7 @@ def test_failing_wrong_and_missing_backends_become_rows(monkeypatch, tmp_results
     rows = {row["backend"]: row for row in read_rows(tmp_results)}
     assert rows["test:exploding"]["status"] == "failed" and "kaboom" in rows["test:exploding"]["reason"]
     assert rows["test:wrong"]["status"] == "wrong" and rows["test:wrong"]["rank"] == ""
+    assert rows["test:wrong"]["reason"].endswith("> tolerance 0.02: the output is all zeros")
     assert float(rows["test:wrong"]["median_ms"]) > 0          # timed, flagged, not ranked
     assert rows["test:missing"]["status"] == "unavailable" and "env create" in rows["test:missing"]["reason"]
     assert rows["torch"]["status"] == "ok" and rows["torch"]["rank"] == "1"

@@ -7,7 +7,7 @@ from hinabench import _C
 from hinabench.errors import UserError
 from hinabench.models import MODELS, get_model, UnknownModel
 from hinabench.problem import FFNProblem, fill_bf16, materialize
-from hinabench.reference import moe_ffn_reference, rel_err
+from hinabench.reference import diagnose, moe_ffn_reference, rel_err
 
 
 def test_reference_against_hand_computed_case():
@@ -31,6 +31,19 @@ def test_rel_err():
     assert rel_err(a * 1.01, a) == pytest.approx(0.01)
     assert rel_err(torch.tensor([float("nan"), 1.0]), a) == math.inf
     assert rel_err(torch.zeros(3), a) == math.inf
+
+
+def test_diagnose_says_what_is_wrong():
+    ref = torch.randn(6, 32)
+    assert diagnose(torch.zeros(6, 32), ref, 0.02) == "the output is all zeros"
+    assert diagnose(torch.zeros(5, 32), ref, 0.02) == "shape [5, 32], expected [6, 32]"
+    nan = ref.clone()
+    nan[2, 3] = float("nan")
+    assert diagnose(nan, ref, 0.02) == "1 of 192 values are NaN or Inf"
+    some = ref.clone()
+    some[4] = 0
+    assert diagnose(some, ref, 0.02) == "1 of 6 tokens wrong (first: token 4), 1 token row(s) all zero"
+    assert diagnose(2 * ref, ref, 0.02) == "every token wrong; |out|/|ref| = 2"
 
 
 def test_registry_has_the_papers_models():
