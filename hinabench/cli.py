@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -233,6 +234,73 @@ def figure(name, results, out_dir):
     paths = FIGURES[name](list(results), out_dir)
     for p in paths:
         click.echo(str(p))
+
+
+@cli.command()
+@click.argument("results", nargs=-1, required=True)
+@click.option("--model", "models", default=None, help="Only these models, comma-separated.")
+@click.option("--backends", default=None,
+              help="Only these backends or families, comma-separated (hina matches hina:avx2, ...).")
+@click.option("--tokens", default=None, help="Only these T, comma-separated.")
+@click.option("--threads", default=None, help="Only these thread counts, comma-separated.")
+@click.option("--status", default=None, help="Only rows with these statuses (ok, wrong, unsupported, ...).")
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "csv", "json"]), default="table",
+              show_default=True)
+def show(results, models, backends, tokens, threads, status, fmt):
+    """Print stored result rows (one or more files), filtered, with the machine and the commands
+    that made them. Rows are shown as stored: ranks are those of the run that measured them."""
+    from .results import read_rows, select_rows, render_markdown, render_table, reasons
+    rows = select_rows(read_rows(list(results)),
+                       models=_names(models), backends=_names(backends),
+                       tokens=_ints(tokens, "--tokens") if tokens else None,
+                       threads=_ints(threads, "--threads") if threads else None,
+                       statuses=_names(status))
+    if not rows:
+        raise UserError("no stored row matches those filters")
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    if fmt == "csv":
+        import csv as _csv
+        w = _csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+        return
+    machines = sorted({str(r.get("fingerprint") or r.get("machine") or "") for r in rows} - {""})
+    commands = sorted({str(r.get("command") or "") for r in rows} - {""})
+    if fmt == "markdown":
+        click.echo(render_markdown(rows))
+        click.echo()
+        click.echo("Machine: " + "; ".join(machines) if machines else "Machine: not recorded")
+        for c in commands:
+            click.echo(f"Made by: `{c}`")
+        return
+    from .suite import _console_out
+    con = _console_out()
+    for (m, dt, a), group in _groups(rows):
+        con.print(render_table(group, title=f"{m} {dt} (A={a})"))
+    for line in reasons(rows):
+        con.print(f"  {line}", style="dim", highlight=False)
+    for mach in machines:
+        con.print(f"machine: {mach}", style="dim", highlight=False)
+    for c in commands:
+        con.print(f"made by: {c}", style="dim", highlight=False)
+
+
+def _names(v):
+    return [x.strip() for x in v.split(",") if x.strip()] if v else None
+
+
+def _groups(rows):
+    order = []
+    by = {}
+    for r in rows:
+        k = (r.get("model"), r.get("dtype"), r.get("experts"))
+        if k not in by:
+            by[k] = []
+            order.append(k)
+        by[k].append(r)
+    return [(k, by[k]) for k in order]
 
 
 def _attach_optional_groups() -> None:

@@ -135,6 +135,36 @@ def load_frame(paths):
     return df
 
 
+def read_rows(paths) -> list[dict]:
+    """Stored rows of one or more files (CSV or Parquet) as dicts, in file order; NaN as None."""
+    df = load_frame(paths)
+    rows = [{k: _cell(v) for k, v in r.items()} for r in df.to_dict("records")]
+    for r in rows:  # whole-number columns that pandas read as float (a NaN in the column)
+        for c in ("rank", "tokens_per_expert", "experts", "threads", "samples", "rounds", "warmup"):
+            v = r.get(c)
+            if isinstance(v, float) and v.is_integer():
+                r[c] = int(v)
+    return rows
+
+
+def select_rows(rows: list[dict], models=None, backends=None, tokens=None, threads=None,
+                statuses=None) -> list[dict]:
+    """Rows matching every given filter. A backend filter without ':' is a family (hina matches
+    hina:avx2, hina:amx-numa, ...); models match by name."""
+    def fam_ok(b):
+        return not backends or any(b == f or (":" not in f and b.split(":")[0] == f) for f in backends)
+
+    def num_in(v, allowed):
+        try:
+            return not allowed or int(v) in allowed
+        except (TypeError, ValueError):
+            return False
+    return [r for r in rows
+            if (not models or r.get("model") in models) and fam_ok(str(r.get("backend")))
+            and num_in(r.get("tokens_per_expert"), tokens) and num_in(r.get("threads"), threads)
+            and (not statuses or r.get("status") in statuses)]
+
+
 def rank_rows(rows: list[dict]) -> None:
     """Rank `ok` rows by median within each (model, dtype, T, A, threads, numa); others get no rank."""
     groups: dict[tuple, list[dict]] = {}

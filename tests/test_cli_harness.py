@@ -41,6 +41,27 @@ def test_ffn_writes_validated_rows_with_roofline(tmp_results):
     assert "torch" in r.output and "rows written to" in r.output
 
 
+def test_show_prints_stored_rows_filtered_in_every_format(tmp_results):
+    assert invoke("ffn", *FAST, "--tokens", "1,2", "--out", str(tmp_results)).exit_code == 0
+    md = invoke("show", str(tmp_results), "--tokens", "2", "--backends", "torch", "--format", "markdown")
+    assert md.exit_code == 0, md.output
+    lines = md.output.splitlines()
+    assert lines[0].startswith("| backend | T | thr |") and lines[2].startswith("| torch | 2 | 1 | ok | 1 |")
+    assert len([ln for ln in lines if ln.startswith("| torch")]) == 1
+    assert any(ln.startswith("Machine: ") for ln in lines)
+    assert any(ln.startswith("Made by: `hinabench ffn") for ln in lines)
+    table = invoke("show", str(tmp_results))
+    assert table.exit_code == 0 and "qwen3-30b-a3b bf16" in table.output and "made by:" in table.output
+    js = json.loads(invoke("show", str(tmp_results), "--threads", "1", "--format", "json").output)
+    assert [r["tokens_per_expert"] for r in js] == [1, 2] and js[0]["rank"] == 1
+    csv_out = invoke("show", str(tmp_results), "--status", "ok", "--format", "csv").output
+    assert [r["tokens_per_expert"] for r in csv.DictReader(csv_out.splitlines())] == ["1", "2"]
+    none = invoke("show", str(tmp_results), "--backends", "hina")
+    assert none.exit_code == 2 and "no stored row matches" in none.output
+    missing = invoke("show", str(tmp_results) + ".nope")
+    assert missing.exit_code == 2 and "no results file" in missing.output
+
+
 def test_resume_skips_done_points_and_keeps_them(tmp_results):
     assert invoke("ffn", *FAST, "--tokens", "1", "--out", str(tmp_results)).exit_code == 0
     first = read_rows(tmp_results)
