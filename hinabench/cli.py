@@ -287,6 +287,50 @@ def show(results, models, backends, tokens, threads, status, fmt):
         con.print(f"made by: {c}", style="dim", highlight=False)
 
 
+@cli.command()
+@click.argument("results", nargs=-1, required=True)
+@click.option("--backend", default="auto", show_default=True,
+              help="The hina variant to judge; auto: the best ISA with ok rows (amx, avx512, avx2).")
+@click.option("--model", "models", default=None, help="Only these models, comma-separated.")
+@click.option("--threads", default=None, help="Only these thread counts, comma-separated.")
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table",
+              show_default=True)
+def targets(results, backend, models, threads, fmt):
+    """Judge the HiNa-MoE kernel's performance targets on stored rows: efficiency >= 0.90 at T <= 4
+    and >= 0.75 at T >= 8; faster than onednn:prepacked; >= the best validated same-bytes peer at
+    T <= 4, faster at T >= 8. A comparison that did not run is n/a, never a pass."""
+    from .results import read_rows, select_rows
+    from .targets import judge, render
+    rows = select_rows(read_rows(list(results)), models=_names(models),
+                       threads=_ints(threads, "--threads") if threads else None)
+    if backend == "auto":
+        ok = {r.get("backend") for r in rows if r.get("status") == "ok"}
+        backend = next((b for b in ("hina:amx", "hina:avx512", "hina:avx2") if b in ok), None)
+        if backend is None:
+            raise UserError("no ok row of hina:amx, hina:avx512 or hina:avx2 in those results")
+    verdicts = judge(rows, backend)
+    if not verdicts:
+        raise UserError(f"no row of {backend} in those results")
+    if fmt == "json":
+        click.echo(json.dumps([v.as_row() for v in verdicts], indent=2))
+        return
+    counts = {k: sum(v.verdict == k for v in verdicts) for k in ("pass", "fail", "n/a")}
+    machines = sorted({str(r.get("fingerprint") or "") for r in rows if r.get("backend") == backend} - {""})
+    tail = [f"{backend}: {counts['pass']} pass, {counts['fail']} fail, {counts['n/a']} n/a "
+            f"of {len(verdicts)} targets"] + [f"machine: {m}" for m in machines]
+    if fmt == "markdown":
+        click.echo(render(verdicts, markdown=True))
+        click.echo()
+        for line in tail:
+            click.echo(line)
+        return
+    from .suite import _console_out
+    con = _console_out()
+    con.print(render(verdicts))
+    for line in tail:
+        con.print(line, highlight=False)
+
+
 def _names(v):
     return [x.strip() for x in v.split(",") if x.strip()] if v else None
 
