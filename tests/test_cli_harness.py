@@ -214,6 +214,19 @@ def test_suite_and_figure(tmp_path):
     assert r.exit_code == 2 and "unknown [sweep] keys ['bogus']" in r.output
 
 
+def test_every_shipped_suite_loads():
+    from pathlib import Path
+    from hinabench.models import get_model
+    from hinabench.suite import load_suite
+    suites = sorted((Path(__file__).resolve().parent.parent / "suites").glob("*.toml"))
+    assert len(suites) >= 4
+    for path in suites:
+        sweep, name = load_suite(str(path))
+        assert name == path.stem and sweep.tokens, path
+        for m in sweep.models:
+            get_model(m)  # raises for an unknown model
+
+
 class NoBf16(Backend):
     name = "test:nobf16"
     description = "an int8-only backend"
