@@ -37,13 +37,15 @@ def test_onednn_and_peers_comparisons():
             row("llamacpp:q8_0", 1, 8.0, wb=WB // 2),                          # other bytes: not a peer
             row("kt:llamafile", 1, 1.0, status="wrong"),                       # wrong: never a peer
             row("hina:avx512", 16, 30.0, eff=0.8), row("onednn:prepacked", 16, 29.0),
-            row("vllm:vec", 16, 31.0)]
+            row("vllm:vec", 16, 31.0, mad=0.5),
+            row("hina:avx512", 32, 30.0, eff=0.8), row("vllm:vec", 32, 30.5)]          # faster, not by the MAD
     v = verdicts(rows)
     assert v[(1, "onednn")].verdict == "pass" and "1.33x" in v[(1, "onednn")].got
     assert v[(1, "peers")].verdict == "pass" and "ipex:tpp" in v[(1, "peers")].got
     assert "tie within MAD" in v[(1, "peers")].got
     assert v[(16, "onednn")].verdict == "fail"
     assert v[(16, "peers")].verdict == "pass" and "vllm:vec" in v[(16, "peers")].got
+    assert v[(32, "peers")].verdict == "fail" and "tie within MAD" in v[(32, "peers")].got
 
 
 def test_missing_comparisons_are_na_never_pass():
