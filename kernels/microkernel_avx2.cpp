@@ -16,10 +16,11 @@
 // (dot_tile), 8 ymm accumulators, each taking 2 FMAs per 16 elements of K.
 //   M <= 2 tokens (decode, memory-bound): every W row is streamed from memory exactly once per
 //     call, 8 rows (M = 1) or 4 rows (M = 2) at a time, all tokens in registers.
-//   M > 2: tokens in blocks of <= 32 (their fp32 I slice stays in L2); per 4 rows, each piece is
-//     cut into 512-element sub-blocks whose 4-row W slice (4 KiB) stays in L1 while the block's
-//     token pairs pass over it (4 x 2 tile, accumulators carried across a piece's sub-blocks). W
-//     is read from memory once per token block: once per call up to 32 tokens per expert.
+//   M > 2: K in groups of pieces spanning <= 4096, tokens in blocks whose fp32 I slice over a
+//     group (<= 256 KiB) stays in L2; per 4 rows, each piece is cut into 512-element sub-blocks
+//     whose 4-row W slice (4 KiB) stays in L1 while the block's token pairs pass over it (4 x 2
+//     tile, accumulators carried across a piece's sub-blocks). W is read from memory once per
+//     token block: once per call up to 16 tokens per expert (K >= 4096) or 32 (K <= 2048).
 // Measured here (Zen 3, one core, L1-resident): the 4 x 2 tile runs at ~50-60% of the FMA peak;
 // the limit is the 2-FMA dependency chain per accumulator plus 0.5 integer op per FMA for the
 // bf16 conversion sharing the FP pipes. Tried and measured slower on Mixtral at T = 3..16 (side
@@ -63,6 +64,8 @@ struct ThreadScratch {
 
 constexpr int kChunk = 16;     // bf16 elements per W load
 constexpr int kSubK = 512;              // K sub-block of a piece (M > 2): 4 W rows = 4 KiB bf16
+constexpr int kKOuter = 4096;           // K span of a group of pieces (M > 2)
+constexpr int kIBlockBytes = 256 << 10; // L2 budget for a token block's I slice over a group
 constexpr int kMaxMBlock = 32;          // tokens per block at most (M > 2)
 constexpr auto kPrefetchHint = _MM_HINT_T0;
 
@@ -182,53 +185,61 @@ void mm_rows(const bf16_t* const* w, int nrows, const float* I, int M, int K, co
     else rows_x_tokens<4, 2>(w, nrows, in, pc, np, o);
     return;
   }
-  // M > 2. Loop nest: tokens in blocks of <= kMaxMBlock, 4 rows at a time, pieces, sub-blocks of
-  // kSubK, token pairs. A 4-row sub-block of W (4 x kSubK bf16 = 4 KiB) stays in L1 while the
-  // block's token pairs pass over it next to the pair's I slice (2 x kSubK fp32); W is read from
-  // memory once per token block. A piece's accumulators are carried across its sub-blocks in L1
-  // (acc), so the sums are those of whole-piece tiles, bit for bit. (Whole 2048-element pieces
-  // made the W slice and a pair's I slice 16 KiB each, and L1 thrashed: ~5% slower on Mixtral at
-  // T = 4, measured side by side.)
-  const int mb = imin(kMaxMBlock, M);
+  // M > 2. Loop nest: K in groups of canonical pieces spanning <= kKOuter (W streams in 8 KiB
+  // runs per row), tokens in blocks whose fp32 I slice over the group (<= 256 KiB) stays in L2,
+  // 4 rows at a time, the group's pieces, sub-blocks of kSubK, token pairs. A 4-row sub-block of
+  // W (4 x kSubK bf16 = 4 KiB) stays in L1 while the block's token pairs pass over it next to the
+  // pair's I slice (2 x kSubK fp32); W is read from memory once per token block: once per call up
+  // to 16 tokens (K >= 4096) or 32 (K <= 2048). A piece's accumulators are carried across its
+  // sub-blocks in L1 (acc), so the sums are those of whole-piece tiles, bit for bit. (Whole
+  // 2048-element pieces made the W slice and a pair's I slice 16 KiB each, and L1 thrashed: ~5%
+  // slower on Mixtral at T = 4, measured side by side.)
+  const int mb = imax(4, imin(kMaxMBlock, (kIBlockBytes / (imin(K, kKOuter) * 4)) & ~1));
   __m256* acc = tl_acc.get(size_t(4) * kMaxMBlock);
   const int ld = int(o.row_ld);
-  for (int m0 = 0; m0 < M; m0 += mb) {
-    const int mc = imin(mb, M - m0);
-    for (int t = 0; t < mc; ++t) in[t] = I + int64_t(m0 + t) * K;
-    for (int r = 0; r < nrows; r += 4) {
-      const int rn = imin(4, nrows - r);
-      if (rn < 4) {
-        for (int q = 0; q < rn; ++q)
-          for (int p = 0; p < np; ++p)
-            for (int t = 0; t < mc; ++t)
-              dot_tile<1, 1>(w + r + q, in + t, pc[2 * p], pc[2 * p + 1],
-                             o.c + int64_t(r + q) * o.row_ld + p * o.piece_ld + m0 + t, ld);
-        continue;
-      }
-      for (int p = 0; p < np; ++p) {
-        const int k0 = pc[2 * p], k1 = pc[2 * p + 1];
-        float* cr = o.c + int64_t(r) * o.row_ld + p * o.piece_ld + m0;
-        for (int s0 = k0; s0 < k1; s0 += kSubK) {
-          const int s1 = imin(s0 + kSubK, k1);
-          const bool first = s0 == k0, last = s1 == k1;
-          // The first pair prefetches the W sub-block after this one: the next of these rows,
-          // else the next 4 rows' first.
-          const bf16_t* pf[4];
-          const bf16_t* const* pfp = pf;
-          if (s1 < K) for (int q = 0; q < 4; ++q) pf[q] = w[r + q] + s1;
-          else if (r + 8 <= nrows) for (int q = 0; q < 4; ++q) pf[q] = w[r + 4 + q] + pc[0];
-          else pfp = nullptr;
-          int t = 0;
-          if (pfp && mc >= 2) {
-            acc_tile<4, 2, true>(w + r, in, s0, s1, acc, first, last, cr, ld, pfp);
-            t = 2;
+  for (int g0 = 0; g0 < np;) {
+    int g1 = g0 + 1;
+    while (g1 < np && pc[2 * g1 + 1] - pc[2 * g0] <= kKOuter) ++g1;
+    const int gk0 = pc[2 * g0], gk1 = pc[2 * g1 - 1];
+    for (int m0 = 0; m0 < M; m0 += mb) {
+      const int mc = imin(mb, M - m0);
+      for (int t = 0; t < mc; ++t) in[t] = I + int64_t(m0 + t) * K;
+      for (int r = 0; r < nrows; r += 4) {
+        const int rn = imin(4, nrows - r);
+        if (rn < 4) {
+          for (int q = 0; q < rn; ++q)
+            for (int p = g0; p < g1; ++p)
+              for (int t = 0; t < mc; ++t)
+                dot_tile<1, 1>(w + r + q, in + t, pc[2 * p], pc[2 * p + 1],
+                               o.c + int64_t(r + q) * o.row_ld + p * o.piece_ld + m0 + t, ld);
+          continue;
+        }
+        for (int p = g0; p < g1; ++p) {
+          const int k0 = pc[2 * p], k1 = pc[2 * p + 1];
+          float* cr = o.c + int64_t(r) * o.row_ld + p * o.piece_ld + m0;
+          for (int s0 = k0; s0 < k1; s0 += kSubK) {
+            const int s1 = imin(s0 + kSubK, k1);
+            const bool first = s0 == k0, last = s1 == k1;
+            // The first pair prefetches the W sub-block after this one: the next of these rows
+            // in this group, else the group's first of the next 4 rows.
+            const bf16_t* pf[4];
+            const bf16_t* const* pfp = pf;
+            if (s1 < gk1) for (int q = 0; q < 4; ++q) pf[q] = w[r + q] + s1;
+            else if (r + 8 <= nrows) for (int q = 0; q < 4; ++q) pf[q] = w[r + 4 + q] + gk0;
+            else pfp = nullptr;
+            int t = 0;
+            if (pfp && mc >= 2) {
+              acc_tile<4, 2, true>(w + r, in, s0, s1, acc, first, last, cr, ld, pfp);
+              t = 2;
+            }
+            for (; t + 2 <= mc; t += 2)
+              acc_tile<4, 2>(w + r, in + t, s0, s1, acc + 4 * t, first, last, cr + t, ld);
+            if (t < mc) acc_tile<4, 1>(w + r, in + t, s0, s1, acc + 4 * t, first, last, cr + t, ld);
           }
-          for (; t + 2 <= mc; t += 2)
-            acc_tile<4, 2>(w + r, in + t, s0, s1, acc + 4 * t, first, last, cr + t, ld);
-          if (t < mc) acc_tile<4, 1>(w + r, in + t, s0, s1, acc + 4 * t, first, last, cr + t, ld);
         }
       }
     }
+    g0 = g1;
   }
 }
 
