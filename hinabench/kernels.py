@@ -360,6 +360,43 @@ def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | N
     return out
 
 
+def linear(x: torch.Tensor, w: torch.Tensor, *, isa: str = "auto", threads: int | None = None) -> torch.Tensor:
+    """y = x W^T (a dense projection) on the same micro-kernels: the driver's single-matrix case.
+
+    x [T, K] bf16 (rows contiguous, any row stride); w [N, K] bf16 as nn.Linear keeps it (rows
+    contiguous along K, any row stride; read in place, never copied). N and K multiples of 32.
+    Returns [T, N] bf16 (fp32 accumulation, one rounding)."""
+    isa = resolve_isa(isa)
+    if not (isinstance(w, torch.Tensor) and w.dim() == 2):
+        raise ValueError("w must be a [N, K] tensor")
+    N, K = (int(s) for s in w.shape)
+    if not (w.device.type == "cpu" and w.dtype == torch.bfloat16):
+        raise ValueError(f"w must be a bfloat16 CPU tensor (got {w.dtype} on {w.device})")
+    if not (w.stride(1) == 1 and (N <= 1 or w.stride(0) >= K)):
+        raise ValueError(f"w rows must be contiguous along K (stride {w.stride()}); the kernel reads "
+                         "weights in place and never copies them")
+    if not (N > 0 and K > 0 and N % SHAPE_MULTIPLE == 0 and K % SHAPE_MULTIPLE == 0):
+        raise ValueError(f"N={N} and K={K} must be positive multiples of {SHAPE_MULTIPLE} (no tail code)")
+    if not (isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == K):
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)
+        raise ValueError(f"x must be [T, K={K}] (got {got})")
+    if not (x.device.type == "cpu" and x.dtype == torch.bfloat16):
+        raise ValueError("x must be a bfloat16 CPU tensor")
+    if not (x.stride(1) == 1 and (x.shape[0] <= 1 or x.stride(0) >= K)):
+        raise ValueError(f"x rows must be contiguous (stride {x.stride()})")
+    T = int(x.shape[0])
+    out = torch.empty(T, N, dtype=torch.bfloat16)
+    if T == 0:
+        return out
+    threads = torch.get_num_threads() if threads is None else int(threads)
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1 (got {threads})")
+    mod = _MODULES.get(isa) or _MODULES.setdefault(isa, _module(isa))
+    mod.linear(x.data_ptr(), T, K, x.stride(0) if T > 1 else K, w.data_ptr(), N, w.stride(0) if N > 1 else K,
+               out.data_ptr(), isa, threads)
+    return out
+
+
 def scratch_bytes(isa: str = "auto") -> int:
     """Scratch bytes (packed I, activations, y rows) the last call on this ISA's module used."""
     return int(_module(resolve_isa(isa)).moe_scratch_bytes())

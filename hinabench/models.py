@@ -24,13 +24,31 @@ class Model:
     head_dim: int
     vocab_size: int
     source: str               # the public config the numbers come from
+    # Dense projections whose shape is not the GQA pattern below (DeepSeek's MLA): name -> (N, K)
+    projection_override: tuple[tuple[str, int, int], ...] = ()
 
     def expert_bytes(self, bytes_per_weight: float = 2.0) -> int:
         """Bytes of one routed expert's three matrices (gate, up: I x H; down: H x I)."""
         return int(3 * self.hidden_size * self.intermediate_size * bytes_per_weight)
 
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """The dense projections of one layer and the LM head, name -> (N out, K in), nn.Linear's
+        [out, in] layout: GQA's fused qkv ((h_q + 2 h_kv) * d x H) and o (H x h_q * d), and lm_head
+        (vocab x H); a model with another attention (MLA) lists its own."""
+        if self.projection_override:
+            out = {name: (n, k) for name, n, k in self.projection_override}
+        else:
+            d = self.head_dim
+            out = {"qkv": ((self.attention_heads + 2 * self.kv_heads) * d, self.hidden_size),
+                   "o": (self.hidden_size, self.attention_heads * d)}
+        out["lm_head"] = (self.vocab_size, self.hidden_size)
+        return out
+
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("projection_override")
+        d["projections"] = {k: list(v) for k, v in self.projections().items()}
+        return d
 
 
 MODELS: dict[str, Model] = {m.name: m for m in [
@@ -41,8 +59,13 @@ MODELS: dict[str, Model] = {m.name: m for m in [
           "mistralai/Mixtral-8x22B-v0.1/config.json"),
     # DeepSeek-V3 uses MLA: head_dim is qk_nope_head_dim + qk_rope_head_dim = 128 + 64 (v: 128);
     # the first 3 of its 61 layers are dense (first_k_dense_replace = 3).
+    # MLA projections (q_lora_rank 1536, kv_lora_rank 512, qk_rope_head_dim 64, v_head_dim 128):
+    # q_a 7168 -> 1536, q_b 1536 -> 128 x 192, kv_a (with MQA rope) 7168 -> 512 + 64,
+    # kv_b 512 -> 128 x (128 + 128), o 128 x 128 -> 7168.
     Model("deepseek-v3", 7168, 2048, 256, 8, 1, 61, 128, 128, 192, 129280,
-          "deepseek-ai/DeepSeek-V3/config.json"),
+          "deepseek-ai/DeepSeek-V3/config.json",
+          (("q_a", 1536, 7168), ("q_b", 128 * 192, 1536), ("kv_a", 512 + 64, 7168),
+           ("kv_b", 128 * 256, 512), ("o", 7168, 128 * 128))),
     Model("qwen3-235b-a22b", 4096, 1536, 128, 8, 0, 94, 64, 4, 128, 151936,
           "Qwen/Qwen3-235B-A22B/config.json"),
     # The paper's end-to-end models

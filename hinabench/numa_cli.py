@@ -182,8 +182,8 @@ def kernel_virtual_check(N: int, K: int, virtual_nodes: int, page: str, tokens: 
     import torch
 
     from . import kernels
-    from .problem import FFNProblem, materialize
-    from .reference import rel_err
+    from .problems import FFNProblem, materialize
+    from .problems import rel_err
     if N % 32 or K % 32:
         raise ValueError("the kernel check needs N and K multiples of 32")
     d = materialize(FFNProblem.custom(K, N, tokens, experts), rotate=False)

@@ -53,4 +53,5 @@ PYBIND11_MODULE(_C, m) {
       py::arg("dst"), py::arg("n"), py::arg("seed"), py::arg("scale"), py::arg("threads") = 0);
 
   register_moe(m);
+  register_linear(m);
 }

@@ -25,6 +25,7 @@ endforeach()
 pybind11_add_module(_C_amx_emu NO_EXTRAS
   kernels/moe_ffn.cpp
   kernels/numa_partition.cpp
+  kernels/linear.cpp
   kernels/microkernel_scalar.cpp
   "${HINA_EMU_DIR}/microkernel_amx_emulated.cpp")
 target_include_directories(_C_amx_emu PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}/kernels")
@@ -43,6 +44,7 @@ if(_simde_rc EQUAL 0 AND EXISTS "${HINA_SIMDE_INCLUDE}/simde/x86/avx512.h")
   pybind11_add_module(_C_avx512_emu NO_EXTRAS
     kernels/moe_ffn.cpp
     kernels/numa_partition.cpp
+    kernels/linear.cpp
     kernels/microkernel_scalar.cpp
     "${HINA_EMU_DIR}/microkernel_avx512_emulated.cpp")
   target_include_directories(_C_avx512_emu PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}/kernels")

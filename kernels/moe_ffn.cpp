@@ -65,6 +65,8 @@ std::vector<std::string> compiled_isas() {
 #endif
 }
 
+}  // namespace
+
 const MicroKernel& select_microkernel(const std::string& isa) {
   if (isa == "scalar") return microkernel_scalar();
 #if defined(HINA_EMU_AMX)
@@ -84,6 +86,8 @@ const MicroKernel& select_microkernel(const std::string& isa) {
   for (auto& s : compiled_isas()) known += (known.empty() ? "" : ", ") + s;
   throw std::invalid_argument("isa '" + isa + "' is not built into this module (it has: " + known + ")");
 }
+
+namespace {
 
 // ---- Scratch: small (tokens x H or I), grown on demand, reused across calls ---------------------
 struct Scratch {
@@ -436,6 +440,7 @@ void register_moe(py::module_& m) {
 PYBIND11_MODULE(HINA_EMU_MODULE_NAME, m) {
   m.doc() = "HiNa-MoE operator with an emulated ISA (tests only: runs anywhere, slowly)";
   hina::register_moe(m);
+  hina::register_linear(m);
 #if defined(HINA_EMU_AMX)
   hina::register_tile_emulator_tests(m);
 #endif

@@ -17,6 +17,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace pybind11 { class module_; }
 
@@ -160,7 +161,11 @@ static inline float bf16_to_f32(bf16_t h) {
   return f;
 }
 
-// Adds the operator's entry points to a module (the main `_C` and the emulated builds alike).
+// The micro-kernel a call asks for by name; throws for an ISA not built in or not usable here.
+const MicroKernel& select_microkernel(const std::string& isa);
+
+// Adds the operators' entry points to a module (the main `_C` and the emulated builds alike).
 void register_moe(pybind11::module_& m);
+void register_linear(pybind11::module_& m);   // linear.cpp: y = x W^T on the same micro-kernels
 
 }  // namespace hina

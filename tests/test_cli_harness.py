@@ -9,7 +9,9 @@ from click.testing import CliRunner
 from hinabench import backends as registry
 from hinabench.backends.base import Backend
 from hinabench.cli import cli
-from hinabench.results import COLUMNS, ResultStore, rank_rows
+from hinabench.harness.store import COLUMNS, ResultStore, rank_rows
+from hinabench.machine.sysinfo import llc_bytes
+from hinabench.problems import FFNProblem
 
 FAST = ["--model", "qwen3-30b-a3b", "--backends", "torch", "--rounds", "1", "--min-time", "0.01",
         "--warmup", "1", "--threads", "1"]
@@ -36,7 +38,9 @@ def test_ffn_writes_validated_rows_with_roofline(tmp_results):
                     "pct_bw", "efficiency"):
             assert float(row[col]) > 0, col
         assert float(row["efficiency"]) == pytest.approx(float(row["roofline_ms"]) / float(row["median_ms"]))
-        assert row["rotation_groups"] == "2"            # qwen3-30b: 75 MB a call, rotated over 2 groups
+        # qwen3-30b: 75 MB a call; on a 32 MiB L3 rotated over 2 groups (the rule: problems/base.py)
+        expect = FFNProblem.create("qwen3-30b-a3b", 1).rotation_groups(llc_bytes())
+        assert row["rotation_groups"] == str(expect)
         assert "hinabench ffn" in row["command"] and row["fingerprint"]
     assert "torch" in r.output and "rows written to" in r.output
 
@@ -104,7 +108,7 @@ def test_user_errors_are_one_line_without_traceback(args, msg):
 
 
 def test_more_memory_than_available_is_refused_before_allocating(monkeypatch, tmp_results):
-    import hinabench.runner as runner
+    import hinabench.harness.runner as runner
     monkeypatch.setattr(runner, "meminfo", lambda: {"MemAvailable": 100 << 20})
     r = CliRunner().invoke(cli, ["ffn", "--model", "mixtral-8x7b", "--tokens", "1", "--backends", "torch",
                                  "--out", str(tmp_results)])
@@ -217,7 +221,7 @@ def test_suite_and_figure(tmp_path):
 def test_every_shipped_suite_loads():
     from pathlib import Path
     from hinabench.models import get_model
-    from hinabench.suite import load_suite
+    from hinabench.harness.suite import load_suite
     suites = sorted((Path(__file__).resolve().parent.parent / "suites").glob("*.toml"))
     assert len(suites) >= 4
     for path in suites:
@@ -244,7 +248,7 @@ def test_dtype_a_backend_lacks_is_a_user_error(monkeypatch):
 
 
 def test_interrupted_sweep_keeps_measured_points_and_resumes(monkeypatch, tmp_results):
-    import hinabench.runner as runner
+    import hinabench.harness.runner as runner
     real = runner.run_point
     calls = []
 

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from hinabench import envs
 from hinabench.cli import cli
-from hinabench.env_cli import env as env_group
+from hinabench.cli.env import env as env_group
 
 
 @pytest.fixture
@@ -81,13 +81,25 @@ def test_failed_check_keeps_the_env_with_the_reason(envroot):
 def test_hinabench_imports_through_the_env_link(envroot):
     """The env's own interpreter (no torch there) finds the harness's package and its _C via the link."""
     envs.create("bare", {"name": "nopip", "pip": False, "steps": []}, echo=lambda *_: None)
-    from hinabench.backends.worker_proxy import _native_dir
+    from hinabench.worker.proxy import _native_dir
     env = dict(os.environ, PYTHONPATH=str(envroot / "bare" / "hinabench-path"))
     if _native_dir():
         env["HINABENCH_NATIVE_DIR"] = _native_dir()
-    code = ("import hinabench, os; from hinabench.worker import _extend_package_path; _extend_package_path(); "
+    code = ("import hinabench, os; from hinabench.worker.protocol import _extend_package_path; _extend_package_path(); "
             "from hinabench import _C; print(os.path.realpath(hinabench.__file__))")
     out = subprocess.run([str(envs.python("bare")), "-c", code], env=env, capture_output=True, text=True,
                          cwd=str(envroot))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(envs.package_dir() / "__init__.py")
+
+
+def test_every_recipe_pins_every_package_it_installs():
+    for name, rcp in envs.recipes().items():
+        for step in rcp["steps"]:
+            args = [a for a in step if not a.startswith("-")]
+            # the operand of --no-binary is a package name, not a requirement
+            operands = {step[i + 1] for i, a in enumerate(step[:-1]) if a in ("--no-binary", "--only-binary")}
+            for req in args:
+                if req in operands:
+                    continue
+                assert "==" in req, f"recipe {name}: '{req}' is not pinned"

@@ -5,7 +5,7 @@ Paths: "scalar", "avx2" (real hardware), "avx512-emulated" (the AVX-512 micro-ke
 SIMDe) and "amx-emulated" (the AMX micro-kernel source on the software tile unit); "avx512"/"amx"
 too where the CPU has them. Paths this machine cannot run are skipped with the reason.
 
-Tolerance: relative L2 error <= reference.TOLERANCE["bf16"] (2%, the project-wide bar: bf16 output
+Tolerance: relative L2 error <= get_dtype("bf16").tolerance (2%, the project-wide bar: bf16 output
 rounding ~0.2%, bf16 rounding of SiLU(gate)*up on the avx512/amx paths another ~0.2%, fp32
 accumulation order little; a wrong kernel is off by ~100%). Because one wrong 32-row block among
 thousands would hide under 2%, we also require <= TIGHT (0.5%): measured errors are 0.15-0.2%
@@ -30,10 +30,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hinabench import kernels
 from hinabench.kernels import IsaUnavailable, moe_ffn
-from hinabench.problem import FFNProblem, materialize
-from hinabench.reference import TOLERANCE, moe_ffn_reference, rel_err
+from hinabench.problems import FFNProblem, materialize
+from hinabench.dtypes import get_dtype
+from hinabench.problems import moe_ffn_reference, rel_err
 
-TOL = TOLERANCE["bf16"]
+TOL = get_dtype("bf16").tolerance
 TIGHT = 5e-3
 THREADS = 2
 
@@ -313,7 +314,7 @@ def test_no_allocation_proportional_to_weights():
     isas = [p for p in ("avx2", "scalar") if p in RUNNABLE]
     code = textwrap.dedent(f"""
         import resource, torch
-        from hinabench.problem import FFNProblem, materialize
+        from hinabench.problems import FFNProblem, materialize
         from hinabench import kernels
         d = materialize(FFNProblem.create("mixtral-8x7b", 4, 1), rotate=False)   # 352 MB of weights
         wbytes = d.w13.numel() * 2 + d.w_down.numel() * 2

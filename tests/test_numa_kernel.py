@@ -8,7 +8,7 @@ each accumulated from zero, added in ascending K; kernels/moe_ffn.h), and a node
 Also: every weight byte of the active experts is read exactly once across the node groups (the
 kernel's own count: bytes per node, and every row's pieces tile [0, K) once), no byte is remote
 under the placement model when rows are 64-byte aligned (<= 62 bytes per page boundary otherwise),
-numa.remote_fraction_model("hina", ...) is 0, and the result is within TOLERANCE of the fp32
+numa.remote_fraction_model("hina", ...) is 0, and the result is within the bf16 tolerance of the fp32
 reference.
 """
 from __future__ import annotations
@@ -20,10 +20,11 @@ import torch
 
 from hinabench import kernels, numa
 from hinabench.kernels import moe_ffn
-from hinabench.problem import FFNProblem, materialize
-from hinabench.reference import TOLERANCE, moe_ffn_reference, rel_err
+from hinabench.problems import FFNProblem, materialize
+from hinabench.dtypes import get_dtype
+from hinabench.problems import moe_ffn_reference, rel_err
 
-TOL = TOLERANCE["bf16"]
+TOL = get_dtype("bf16").tolerance
 
 
 def need(isa: str) -> None:

@@ -5,8 +5,8 @@ import pytest
 
 from hinabench import backends as registry
 from hinabench import envs
-from hinabench.problem import FFNProblem, materialize
-from hinabench.runner import RunConfig, run_point
+from hinabench.problems import FFNProblem, materialize
+from hinabench.harness.runner import RunConfig, run_point
 
 PROBLEM = FFNProblem.custom(hidden_size=256, intermediate_size=256, tokens_per_expert=4, active_experts=2,
                             routed_experts=8, seed=3)

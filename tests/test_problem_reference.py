@@ -6,8 +6,8 @@ import torch
 from hinabench import _C
 from hinabench.errors import UserError
 from hinabench.models import MODELS, get_model, UnknownModel
-from hinabench.problem import FFNProblem, fill_bf16, materialize
-from hinabench.reference import diagnose, moe_ffn_reference, rel_err
+from hinabench.problems import FFNProblem, fill_bf16, materialize
+from hinabench.problems import diagnose, moe_ffn_reference, rel_err
 
 
 def test_reference_against_hand_computed_case():

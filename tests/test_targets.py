@@ -5,8 +5,8 @@ import json
 from click.testing import CliRunner
 
 from hinabench.cli import cli
-from hinabench.results import COLUMNS
-from hinabench.targets import judge
+from hinabench.harness.store import COLUMNS
+from hinabench.report.targets import judge
 
 WB = 704643072
 

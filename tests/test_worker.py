@@ -10,12 +10,12 @@ import torch
 
 from hinabench import backends as registry
 from hinabench.backends.base import Unsupported
-from hinabench.backends.worker_proxy import WorkerBackend, WorkerFailed
-from hinabench.measure import RoundPlan
-from hinabench.problem import FFNProblem, materialize
-from hinabench.reference import rel_err
-from hinabench.runner import RunConfig, run_point
-from hinabench.worker import decode_tensor, encode_tensor
+from hinabench.worker.proxy import WorkerBackend, WorkerFailed
+from hinabench.harness.measure import RoundPlan
+from hinabench.problems import FFNProblem, materialize
+from hinabench.problems import rel_err
+from hinabench.harness.runner import RunConfig, run_point
+from hinabench.worker.protocol import decode_tensor, encode_tensor
 
 PROBLEM = FFNProblem.custom(hidden_size=64, intermediate_size=32, tokens_per_expert=3, active_experts=2,
                             routed_experts=4, seed=7)

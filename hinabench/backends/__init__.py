@@ -31,12 +31,14 @@ def names() -> list[str]:
     return list(REGISTRY)
 
 
-def resolve(spec: str) -> list[str]:
-    """'all', 'torch,onednn' or 'onednn:prepacked' -> registry names. A family name means all of
-    its variants."""
+def resolve(spec: str, op: str = "ffn") -> list[str]:
+    """'all', 'torch,onednn' or 'onednn:prepacked' -> registry names of backends with a path for the
+    problem kind `op`. A family name means all of its variants (those with an `op` path); 'all' means
+    every backend with an `op` path; a backend named alone that has none is an error."""
     _load()
+    serves = [n for n in REGISTRY if op in REGISTRY[n].ops]
     if spec.strip() in ("", "all"):
-        return list(REGISTRY)
+        return serves
     out: list[str] = []
     for part in (s.strip() for s in spec.split(",")):
         if not part:
@@ -44,7 +46,10 @@ def resolve(spec: str) -> list[str]:
         hits = [n for n in REGISTRY if n == part or n.split(":")[0] == part]
         if not hits:
             raise UserError(f"unknown backend '{part}'; known: {', '.join(REGISTRY)}")
-        out += [h for h in hits if h not in out]
+        ok = [h for h in hits if h in serves]
+        if not ok:
+            raise UserError(f"backend '{part}' has no {op} path; backends with one: {', '.join(serves)}")
+        out += [h for h in ok if h not in out]
     return out
 
 

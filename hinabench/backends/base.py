@@ -2,16 +2,17 @@
 
 The runner drives a backend as:  availability() -> prepare(data) [timed apart] -> run(group) ...
 and checks `run`'s output against the float32 reference on the same problem before timing it.
+A backend serves the problem kinds in `ops` ("ffn", "linear", ...): `run` calls `run_<kind>`.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from typing import ClassVar
 
 import torch
 
-from ..measure import MeasureState, RoundPlan, RoundResult, measure_round
-from ..problem import ProblemData
+from ..harness.measure import MeasureState, RoundPlan, RoundResult, measure_round
+from ..problems import ProblemData
 
 
 class Unsupported(Exception):
@@ -22,6 +23,7 @@ class Backend(ABC):
     name: ClassVar[str]            # registry key, "family:variant" where there are variants
     description: ClassVar[str]     # one line a reader can trust: what code path this is
     dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
+    ops: ClassVar[tuple[str, ...]] = ("ffn",)     # problem kinds it has a path for
     # How the backend splits a weight matrix's work across threads, for the remote-traffic model
     # (hinabench.numa.remote_fraction_model): "row-split" (output rows across all threads, as
     # oneDNN / IPEX / torch do), "hina" (Section 5's local segments), "tp-split", "per-node-copy".
@@ -41,6 +43,8 @@ class Backend(ABC):
 
     def supports(self, data: ProblemData) -> None:
         """Raise Unsupported with the reason if this problem is out of reach."""
+        if data.problem.kind not in self.ops:
+            raise Unsupported(f"{self.name} has no {data.problem.kind} path (it has: {', '.join(self.ops)})")
         if data.problem.dtype not in self.dtypes:
             raise Unsupported(f"{self.name} has no {data.problem.dtype} path "
                               f"(it has: {', '.join(self.dtypes)})")
@@ -50,9 +54,9 @@ class Backend(ABC):
         self.supports(data)
         self.data = data
 
-    @abstractmethod
     def run(self, group: int) -> torch.Tensor:
-        """One MoE FFN call on rotation group `group`; returns out [T, H]."""
+        """One call on rotation group `group` (run_ffn: out [B, H]; run_linear: y [B, N])."""
+        return getattr(self, f"run_{self.data.problem.kind}")(group)
 
     def measure_round(self, rnd: int, plan: RoundPlan, counter=None) -> RoundResult:
         """This backend's turn in round `rnd`. In-process: time self.run here; a worker-backed
@@ -66,7 +70,7 @@ class Backend(ABC):
 
     def perf_session(self):
         """A perf session on the process that runs the kernel (this one, for in-process backends)."""
-        from ..perf import PerfSession
+        from ..machine.perf import PerfSession
         return PerfSession()
 
     def extra_bytes(self) -> int:

@@ -1,7 +1,9 @@
 """hina: the HiNa-MoE expert-FFN kernel (paper Section 4), one backend per real ISA.
 
 No weight work at all: `prepare` does nothing with the weights and `run` reads them in place in the
-framework's layout (w13 [E, 2I, H] and w_down [E, H, I], rows contiguous). See hinabench/kernels.py.
+framework's layout (w13 [E, 2I, H] and w_down [E, H, I], rows contiguous; a projection's W [N, K]).
+See hinabench/kernels.py. A dense projection (`linear`) is the driver's single-matrix case: the same
+gather of the tokens and the same micro-kernels, W read in place.
 The "-numa" variants run the kernel's NUMA mode (numa="interleave-partitioned", Section 5) on the
 real nodes; their `work_partition` is "hina" (the remote-traffic model's partition).
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
+from ..dtypes import DTYPES
 from . import register
 from .base import Backend, Unsupported
 
@@ -17,6 +20,12 @@ from .base import Backend, Unsupported
 class _Hina(Backend):
     isa: str = ""
     numa: str = "off"  # the plain variants never partition, whatever the weights' placement
+    ops = ("ffn", "linear")
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if cls.isa:   # the dtypes with a micro-kernel for this ISA (hinabench/dtypes.py)
+            cls.dtypes = tuple(d for d, t in DTYPES.items() if cls.isa in t.kernel_isas)
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
@@ -26,14 +35,22 @@ class _Hina(Backend):
     def supports(self, data) -> None:
         super().supports(data)
         p = data.problem
-        if p.H % kernels.SHAPE_MULTIPLE or p.I % kernels.SHAPE_MULTIPLE:
-            raise Unsupported(f"hina needs H and I to be multiples of {kernels.SHAPE_MULTIPLE} "
-                              f"(got H={p.H}, I={p.I})")
+        dims = {"H": p.H, "I": p.I} if p.kind == "ffn" else {"N": p.N, "K": p.K}
+        if any(v % kernels.SHAPE_MULTIPLE for v in dims.values()):
+            got = ", ".join(f"{k}={v}" for k, v in dims.items())
+            raise Unsupported(f"hina needs {' and '.join(dims)} to be multiples of {kernels.SHAPE_MULTIPLE} "
+                              f"(got {got})")
+        if p.kind == "linear" and self.numa != "off":
+            raise Unsupported(f"{self.name}: the NUMA-partitioned mode is for the expert FFN only")
 
     def prepare(self, data) -> None:
         super().prepare(data)  # checks only: no packing, no conversion, no copy
 
-    def run(self, group: int) -> torch.Tensor:
+    def run_linear(self, group: int) -> torch.Tensor:
+        d = self.data
+        return kernels.linear(d.x, d.w[group], isa=self.isa, threads=self.threads)
+
+    def run_ffn(self, group: int) -> torch.Tensor:
         d = self.data
         return kernels.moe_ffn(d.x, None, None, d.w_down, d.topk_ids[group], d.topk_weights,
                                w13=d.w13, isa=self.isa, threads=self.threads, **self._numa_args())
@@ -57,7 +74,8 @@ class _HinaNuma(_Hina):
     work_partition = "hina"
 
     def _numa_args(self) -> dict:
-        return {"numa": self.numa, "numa_nodes": len(kernels._real_nodes())}
+        from ..numa.kernel_plan import real_nodes
+        return {"numa": self.numa, "numa_nodes": len(real_nodes())}
 
 
 @register

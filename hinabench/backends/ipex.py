@@ -11,7 +11,7 @@ variant has a worker of its own; its first call packs, so prepare makes that cal
 from __future__ import annotations
 
 from . import register
-from .worker_proxy import WorkerBackend
+from ..worker.proxy import WorkerBackend
 
 
 class _Ipex(WorkerBackend):
@@ -38,7 +38,7 @@ class IpexFused(_Ipex):
 def _call_by_schema(op, known: dict):
     """Call a torch op with the arguments we know by name; the rest at their defaults or empty."""
     import torch
-    from ..worker import PeerUnsupported
+    from ..worker.protocol import PeerUnsupported
     args = []
     for a in op.default._schema.arguments:
         t = str(a.type)
@@ -72,7 +72,7 @@ class _isa_refusals:
         return self
 
     def __exit__(self, tp, e, tb):
-        from ..worker import PeerUnsupported
+        from ..worker.protocol import PeerUnsupported
         if isinstance(e, (AssertionError, RuntimeError)):
             msg = (str(e).strip().splitlines() or [""])[0]
             if any(w in msg.lower() for w in _ISA_WORDS):
@@ -87,7 +87,7 @@ class IpexPeer:
     def prepare(self, data) -> None:
         import torch
         import intel_extension_for_pytorch as ipex
-        from ..worker import PeerUnsupported
+        from ..worker.protocol import PeerUnsupported
         self.data = data
         self.x = data.x
         self.weights = data.topk_weights.float().contiguous()

@@ -12,7 +12,7 @@ A class the loaded build does not have is an `unsupported` row naming the build.
 from __future__ import annotations
 
 from . import register
-from .worker_proxy import WorkerBackend
+from ..worker.proxy import WorkerBackend
 
 
 class _Kt(WorkerBackend):
@@ -53,7 +53,7 @@ class KtPeer:
     def prepare(self, data) -> None:
         import torch
         import kt_kernel
-        from ..worker import PeerUnsupported
+        from ..worker.protocol import PeerUnsupported
         k = kt_kernel.kt_kernel_ext
         self.build = kt_kernel.__cpu_variant__
         cls_name = _CLASSES.get(self.variant)

@@ -14,7 +14,7 @@ Qwen3-30B-A3B's shape), calls rotate over the problem's weight groups (one graph
 from __future__ import annotations
 
 from . import register
-from .worker_proxy import WorkerBackend
+from ..worker.proxy import WorkerBackend
 
 
 class _LlamaCpp(WorkerBackend):
@@ -108,7 +108,7 @@ class LlamaCppPeer:
     def prepare(self, data) -> None:
         import ctypes
         import torch
-        from ..worker import PeerUnsupported
+        from ..worker.protocol import PeerUnsupported
         if self.variant not in ("bf16", "q8_0"):
             raise PeerUnsupported(f"llamacpp has no variant '{self.variant}'")
         p, E, G = data.problem, data.num_experts, data.groups

@@ -5,7 +5,8 @@
 - `onednn:prepacked` weights converted once in prepare() with torch.ops.mkldnn._reorder_linear_weight
                       (a second copy of every expert: counted in extra_bytes), then
                       torch.ops.mkldnn._linear_pointwise (the paper's "pre-conversion").
-Gate and up run as one GEMM over the fused w13[e] = [2I, H].
+Gate and up run as one GEMM over the fused w13[e] = [2I, H]. A dense projection (`linear`) is one
+oneDNN linear over W [N, K].
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def _probe(prepacked: bool) -> tuple[bool, str]:
 
 class _OneDNN(Backend):
     prepacked = False
+    ops = ("ffn", "linear")
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
@@ -52,14 +54,18 @@ class _OneDNN(Backend):
         ok, why = _probe(self.prepacked)
         if not ok:
             raise Unsupported(why)
-        self.w13 = [data.w13[e] for e in range(data.num_experts)]
-        self.w2 = [data.w_down[e] for e in range(data.num_experts)]
-        if self.prepacked:
-            T = data.problem.T
-            self.w13 = [torch.ops.mkldnn._reorder_linear_weight(w, T) for w in self.w13]
-            self.w2 = [torch.ops.mkldnn._reorder_linear_weight(w, T) for w in self.w2]
+        T = data.problem.batch_tokens
+        pack = (lambda w: torch.ops.mkldnn._reorder_linear_weight(w, T)) if self.prepacked else (lambda w: w)
+        if data.problem.kind == "linear":
+            self.w = [pack(data.w[g]) for g in range(data.groups)]
+            return
+        self.w13 = [pack(data.w13[e]) for e in range(data.num_experts)]
+        self.w2 = [pack(data.w_down[e]) for e in range(data.num_experts)]
 
-    def run(self, group: int) -> torch.Tensor:
+    def run_linear(self, group: int) -> torch.Tensor:
+        return _linear(self.data.x, self.w[group])
+
+    def run_ffn(self, group: int) -> torch.Tensor:
         d = self.data
         x, w, I = d.x, d.topk_weights, d.problem.I
         out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32)
@@ -73,18 +79,18 @@ class _OneDNN(Backend):
     def extra_bytes(self) -> int:
         if not self.prepacked or self.data is None:
             return 0
-        return self.data.w13.numel() * 2 + self.data.w_down.numel() * 2
+        return sum(w.numel() * w.element_size() for w in self.data.weights())
 
     @classmethod
     def extra_bytes_estimate(cls, weight_bytes_allocated: int) -> int:
         return weight_bytes_allocated if cls.prepacked else 0
 
     def versions(self) -> dict[str, str]:
-        from ..sysinfo import onednn_version
+        from ..machine.sysinfo import onednn_version
         return {"torch": torch.__version__, "onednn": onednn_version()}
 
     def close(self) -> None:
-        self.w13 = self.w2 = None
+        self.w13 = self.w2 = self.w = None
         super().close()
 
 

@@ -1,4 +1,5 @@
-"""`torch`: the naive expert loop, as Hugging Face's Mixtral block writes it (bf16 F.linear per expert)."""
+"""`torch`: the naive expert loop, as Hugging Face's Mixtral block writes it (bf16 F.linear per expert);
+for a dense projection, one bf16 F.linear."""
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,12 @@ def route(topk_ids: torch.Tensor):
 class TorchNaive(Backend):
     name = "torch"
     description = "PyTorch naive loop over experts: F.linear(gate), F.linear(up), SiLU*up, F.linear(down), index_add"
+    ops = ("ffn", "linear")
 
-    def run(self, group: int) -> torch.Tensor:
+    def run_linear(self, group: int) -> torch.Tensor:
+        return F.linear(self.data.x, self.data.w[group])
+
+    def run_ffn(self, group: int) -> torch.Tensor:
         d = self.data
         x, w = d.x, d.topk_weights
         out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32)

@@ -12,7 +12,7 @@ the timed loop. The harness-side classes below never import vllm; `make_peer` ru
 from __future__ import annotations
 
 from . import register
-from .worker_proxy import WorkerBackend
+from ..worker.proxy import WorkerBackend
 
 
 class _Vllm(WorkerBackend):
@@ -64,7 +64,7 @@ class VllmPeer:
 
     def prepare(self, data) -> None:
         import torch
-        from ..worker import PeerUnsupported
+        from ..worker.protocol import PeerUnsupported
         ops = _load_kernels(self.variant)
         self.data = data
         p = data.problem
@@ -106,10 +106,10 @@ class VllmPeer:
     def buffers(self):
         """The packed copies are what the kernel reads: the read probe runs over them."""
         out = []
-        A, G = self.data.problem.A, self.data.groups
+        n, G = self.data.experts_per_group, self.data.groups
         for w in (self.w13, self.w2):
             per = w.numel() * w.element_size() // w.shape[0]
-            out += [(w.data_ptr() + g * A * per, A * per) for g in range(G)]
+            out += [(w.data_ptr() + g * n * per, n * per) for g in range(G)]
         return out
 
     def extra_bytes(self) -> int:

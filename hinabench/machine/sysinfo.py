@@ -14,6 +14,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from .cpuinfo import parse_cpuinfo, parse_cpulist, read_cpuinfo
+
 ISA_FLAGS = ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_tile", "amx_bf16",
              "amx_int8"]
 
@@ -33,26 +35,10 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
 
 
-def parse_cpulist(text: str) -> list[int]:
-    out: list[int] = []
-    for part in filter(None, text.strip().split(",")):
-        a, _, b = part.partition("-")
-        out += range(int(a), int(b or a) + 1)
-    return out
-
-
 def cpu_identity() -> dict:
-    info: dict = {}
-    for line in _read("/proc/cpuinfo").splitlines():
-        k, _, v = line.partition(":")
-        k, v = k.strip(), v.strip()
-        if k in ("vendor_id", "model name", "cpu family", "model", "stepping") and k not in info:
-            info[k] = v
-        if k == "processor" and "vendor_id" in info:
-            break
-    return {"vendor": info.get("vendor_id", platform.processor() or "unknown"),
-            "model_name": info.get("model name", "unknown"),
-            "family": int(info.get("cpu family", 0) or 0), "model": int(info.get("model", 0) or 0)}
+    c = parse_cpuinfo(read_cpuinfo())
+    return {"vendor": c.vendor if c.vendor != "unknown" else (platform.processor() or "unknown"),
+            "model_name": c.model_name or "unknown", "family": max(c.family, 0), "model": max(c.model, 0)}
 
 
 def caches() -> dict:
@@ -117,7 +103,7 @@ def perf_hw_counters() -> tuple[bool, str]:
 
 
 def isa() -> dict:
-    from . import _C
+    from .. import _C
     f = _C.cpu_features()
     out = {k: bool(f.get(k, False)) for k in ISA_FLAGS}
     out["amx_os_permission"] = f["amx_permission"]
@@ -133,7 +119,7 @@ def onednn_version() -> str:
 
 def _built_from() -> str:
     try:
-        from ._build_info import GIT_REV
+        from .._build_info import GIT_REV
         return GIT_REV
     except ImportError:
         return "unknown"
@@ -142,7 +128,7 @@ def _built_from() -> str:
 @functools.lru_cache(maxsize=1)
 def git_revision() -> str:
     """The checkout's revision when run from one (editable installs), else the one built from."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]       # the hinabench package
     if not (here.parent / ".git").exists():
         return _built_from()
     try:
@@ -161,7 +147,7 @@ def git_revision() -> str:
 def fingerprint() -> dict:
     import torch
 
-    from . import __version__
+    from .. import __version__
     perf_ok, perf_why = perf_hw_counters()
     mi = meminfo()
     return {

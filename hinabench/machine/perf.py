@@ -1,6 +1,6 @@
 """Local vs remote DRAM traffic from hardware counters, for the timed loop only (Figure 15).
 
-Counter tables are data (LIKWID's performance groups are the model): hinabench/perf_events/*.toml,
+Counter tables are data (LIKWID's performance groups are the model): hinabench/machine/perf_events/*.toml,
 one per vendor/microarchitecture, each with
 
     [match]    vendor, family, models (ranges, hex)   -- against /proc/cpuinfo
@@ -40,6 +40,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cpuinfo import CpuId, parse_cpuinfo, read_cpuinfo  # noqa: F401  (perf.CpuId: the tables match it)
+
 TABLE_DIR = Path(__file__).parent / "perf_events"
 COLUMNS = ("remote_fraction_perf", "dram_local_loads", "dram_remote_loads", "perf_status",
            "perf_reason")
@@ -49,41 +51,6 @@ NO_VALUE = {"<not supported>": "not supported", "<not counted>": "not counted"}
 # ---------------------------------------------------------------------------------------------
 # CPU identity and counter tables
 # ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class CpuId:
-    vendor: str
-    family: int
-    model: int
-    model_name: str = ""
-    flags: frozenset = frozenset()
-
-    def __str__(self) -> str:
-        return f"{self.vendor} family {self.family} model {self.model:#x} ({self.model_name})"
-
-
-def parse_cpuinfo(text: str) -> CpuId:
-    """The first processor's vendor_id, cpu family, model (decimal in /proc/cpuinfo) and flags."""
-    info: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            if info:
-                break
-            continue
-        k, _, v = line.partition(":")
-        info.setdefault(k.strip(), v.strip())
-    return CpuId(info.get("vendor_id", "unknown"), int(info.get("cpu family", -1) or -1),
-                 int(info.get("model", -1) or -1), info.get("model name", ""),
-                 frozenset(info.get("flags", "").split()))
-
-
-def read_cpuinfo() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return f.read()
-    except OSError:
-        return ""
-
 
 def _in_ranges(model: int, ranges: list[str]) -> bool:
     for r in ranges:
@@ -136,7 +103,7 @@ def select_table(cpuinfo: str | CpuId | None = None,
     tables = load_tables() if tables is None else tables
     hits = [t for t in tables if t.matches(cpu)]
     if not hits:
-        return None, (f"no counter table in hinabench/perf_events matches {cpu}; "
+        return None, (f"no counter table in hinabench/machine/perf_events matches {cpu}; "
                       "add one (vendor, family, models, events, metrics)")
     if len(hits) > 1:
         return None, f"counter tables overlap for {cpu}: {', '.join(t.name for t in hits)}"

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from .loadmeter import LoadMeter
-from .probes import read_gbps
+from ..machine.probes import read_gbps
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The harness side of a peer: a Backend whose kernel runs in a worker process (hinabench/worker.py).
+"""The harness side of a peer: a Backend whose kernel runs in a worker process (hinabench/worker/protocol.py).
 
 The worker lives in the peer's own virtual environment (envs.py), in its own process group, and
 speaks JSON lines over pipes. What the harness sees:
@@ -26,9 +26,9 @@ from typing import ClassVar
 
 import torch
 
-from ..measure import RoundPlan, RoundResult
-from ..problem import ProblemData
-from .base import Backend, Unsupported
+from ..harness.measure import RoundPlan, RoundResult
+from ..problems import ProblemData
+from ..backends.base import Backend, Unsupported
 
 _LIVE: "weakref.WeakSet[WorkerBackend]" = weakref.WeakSet()
 
@@ -246,21 +246,20 @@ class WorkerBackend(Backend):
     # ---- the Backend interface ---------------------------------------------------------------------
     def prepare(self, data: ProblemData) -> None:
         super().prepare(data)
-        from ..sysinfo import llc_bytes
+        from ..machine.sysinfo import llc_bytes
         p = data.problem
         llc = llc_bytes()
         rotate = not (data.groups == 1 and p.rotation_groups(llc) != 1)
         self._start()
         self._hello = self._request({"op": "hello", "packages": list(self.packages)}, self.start_timeout)
-        from ..worker import problem_to_dict
         self._prepared = self._request(
-            {"op": "prepare", "problem": problem_to_dict(p, llc, data.groups), "llc_bytes": llc,
+            {"op": "prepare", "problem": p.to_dict(), "llc_bytes": llc,
              "rotate": rotate, "numa": getattr(data, "numa", "default"), "groups": data.groups, "backend": self.name, "module": self.module,
              "variant": self.variant, "threads": self.threads}, self.prepare_timeout)
 
     def run(self, group: int) -> torch.Tensor:
         """Validation only: the worker runs `group` once and sends its output back."""
-        from ..worker import decode_tensor
+        from .protocol import decode_tensor
         t0 = time.perf_counter()
         reply = self._request({"op": "validate", "group": group}, self.timeout)
         self._call_s = max(self._call_s, time.perf_counter() - t0)

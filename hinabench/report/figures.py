@@ -9,8 +9,17 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from .errors import UserError
-from .results import load_frame
+from ..errors import UserError
+from ..harness.store import load_frame
+
+
+def ffn_points(df):
+    """Only the FFN rows with same-experts routing (rows stored before those columns existed are)."""
+    if "op" in df:
+        df = df[df["op"].fillna("ffn") == "ffn"]
+    if "routing" in df:
+        df = df[df["routing"].fillna("same-experts") == "same-experts"]
+    return df
 
 
 def _short(reason: str, n: int = 110) -> str:
@@ -39,9 +48,9 @@ def fig10(results: list[str], out_dir: str | None = None) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    df = load_frame(results)
+    df = ffn_points(load_frame(results))
     if df.empty:
-        raise UserError("no rows in the results given")
+        raise UserError("no FFN rows with same-experts routing (Figure 10's tokens per expert) in the results given")
     models = list(dict.fromkeys(df["model"]))
     threads = int(df["threads"].max())
     df = df[df["threads"] == threads]

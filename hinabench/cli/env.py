@@ -21,7 +21,7 @@ def env():
 @click.option("--force", is_flag=True, help="Replace an existing environment of that name.")
 def create_cmd(name, recipe, force):
     """Create environment NAME from its recipe and record it (hinabench-env.json)."""
-    from . import envs
+    from .. import envs
     rec = envs.create(name, recipe, force=force, echo=click.echo)
     pk = ", ".join(f"{k} {v}" for k, v in rec["packages"].items()) or "no packages"
     click.echo(f"created '{name}' at {rec['path']} in {rec['seconds']:.0f} s: {pk}; "
@@ -32,7 +32,7 @@ def create_cmd(name, recipe, force):
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def list_cmd(as_json):
     """The environments: path, python, key package versions, size, created when and in how long."""
-    from . import envs
+    from .. import envs
     rows = envs.listing()
     if as_json:
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
@@ -63,7 +63,7 @@ def list_cmd(as_json):
 @click.argument("name")
 def check_cmd(name):
     """Run NAME's recipe check again (e.g. after the recipe changed) and record the outcome."""
-    from . import envs
+    from .. import envs
     c = envs.recheck(name)
     click.echo(f"{name}: check {'passed' if c['ok'] else 'failed: ' + c['reason']}  ({c['code']})")
 
@@ -72,13 +72,13 @@ def check_cmd(name):
 @click.argument("name")
 def remove_cmd(name):
     """Delete environment NAME."""
-    from . import envs
+    from .. import envs
     click.echo(f"removed {envs.remove(name)}")
 
 
 @env.command("recipes")
 def recipes_cmd():
     """The recipes `env create` knows."""
-    from . import envs
+    from .. import envs
     for n, r in envs.recipes().items():
         click.echo(f"{n:10s} {r.get('description', '')}")

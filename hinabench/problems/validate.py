@@ -1,34 +1,11 @@
-"""The float32 reference every backend is checked against, on the exact problem it is timed on.
+"""Validation: how far a backend's output is from the float32 reference, and what is wrong with it.
 
-out[t] = sum_k topk_weights[t, k] * down_e(SiLU(gate_e(x_t)) * up_e(x_t)),  e = topk_ids[t, k]
+Every backend is checked on the exact problem it is about to be timed on; tolerances are per dtype
+(hinabench/dtypes.py).
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-
-# Relative L2 error a backend may have against the float32 reference.
-# BF16 kernels: the output is rounded to bf16 (relative 2^-9 ~ 0.2% per element), and every kernel
-# we know also rounds the intermediate SiLU(gate)*up to bf16 before the down projection (another
-# ~0.2%, averaged over I terms); fp32 accumulation order changes little. Good kernels land at
-# 0.3-0.6%; 2% leaves room for that and still flags any real bug (a wrong kernel is off by ~100%).
-TOLERANCE = {"bf16": 2e-2}
-
-
-def moe_ffn_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights) -> torch.Tensor:
-    """float32 MoE FFN over the experts the tokens use; inputs in any float dtype."""
-    T, H = x.shape
-    xf = x.float()
-    out = torch.zeros(T, w_down.shape[1], dtype=torch.float32)
-    ids = topk_ids.long()
-    for e in torch.unique(ids).tolist():
-        tok, slot = torch.nonzero(ids == e, as_tuple=True)
-        xe = xf[tok]
-        g = F.linear(xe, w_gate[e].float())
-        u = F.linear(xe, w_up[e].float())
-        y = F.linear(F.silu(g) * u, w_down[e].float())
-        out.index_add_(0, tok, y * topk_weights[tok, slot].float().unsqueeze(1))
-    return out
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

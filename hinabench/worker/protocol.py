@@ -81,22 +81,6 @@ def decode_tensor(msg: dict):
     return torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).reshape(msg["shape"]).clone()
 
 
-def problem_to_dict(problem, llc_bytes: int, groups: int) -> dict:
-    m = problem.model
-    return {"name": m.name, "hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
-            "routed_experts": m.routed_experts, "top_k": m.top_k,
-            "tokens_per_expert": problem.tokens_per_expert, "active_experts": problem.active_experts,
-            "dtype": problem.dtype, "seed": problem.seed}
-
-
-def problem_from_dict(d: dict):
-    from .models import Model
-    from .problem import FFNProblem
-    m = Model(d["name"], int(d["hidden_size"]), int(d["intermediate_size"]), int(d["routed_experts"]),
-              int(d["top_k"]), 0, 1, 1, 1, 1, 1, "from the harness")
-    return FFNProblem.create(m, int(d["tokens_per_expert"]), int(d["active_experts"]), d["dtype"],
-                             int(d["seed"]))
-
 
 # ---- the selftest peer: the worker protocol and crash isolation, tested in the main environment ----
 class SelfTestPeer:
@@ -173,7 +157,7 @@ class Worker:
 
     def hello(self, msg: dict) -> dict:
         import torch
-        from . import __version__
+        from .. import __version__
         v = {"torch": torch.__version__, "python": sys.version.split()[0], "hinabench": __version__}
         v.update(package_versions(msg.get("packages", [])))
         return {"versions": v, "env": relevant_env(), "pid": os.getpid(), "executable": sys.executable,
@@ -181,12 +165,12 @@ class Worker:
 
     def prepare(self, msg: dict) -> dict:
         import torch
-        from .problem import materialize
         self.threads = int(msg.get("threads", 1))
         torch.set_num_threads(self.threads)
+        from ..problems import problem_from_dict
         problem = problem_from_dict(msg["problem"])
         kw = {"numa": msg["numa"]} if msg.get("numa", "default") != "default" else {}
-        self.data = materialize(problem, llc_bytes=int(msg["llc_bytes"]), rotate=bool(msg.get("rotate", True)),
+        self.data = problem.materialize(llc_bytes=int(msg["llc_bytes"]), rotate=bool(msg.get("rotate", True)),
                                 **kw)
         want = msg.get("groups")
         if want is not None and self.data.groups != int(want):
@@ -206,7 +190,7 @@ class Worker:
         return encode_tensor(out)
 
     def round(self, msg: dict) -> dict:
-        from .measure import MeasureState, RoundPlan, measure_round
+        from ..harness.measure import MeasureState, RoundPlan, measure_round
         if self.state is None:
             self.state = MeasureState()
         plan = RoundPlan(**msg["plan"])
@@ -216,9 +200,11 @@ class Worker:
         counter = None
         if msg.get("perf"):
             if self.perf is None:
-                from .perf import PerfSession
-                self.perf = PerfSession()        # on this process: the kernel's threads are here
-                self.perf.__enter__()
+                import contextlib
+
+                from ..machine.perf import PerfSession
+                self.perf_stack = contextlib.ExitStack()   # open across messages, closed in perf_result
+                self.perf = self.perf_stack.enter_context(PerfSession())  # this process: the kernel's threads
             counter = self.perf
         args = (self.peer.run, int(msg["rnd"]), plan, self.state, buffers, self.threads, d.groups)
         res = measure_round(*args, counter) if counter is not None else measure_round(*args)
@@ -228,7 +214,7 @@ class Worker:
         if self.perf is None:
             return {"perf": {"remote_fraction_perf": None, "dram_local_loads": None, "dram_remote_loads": None,
                              "perf_status": "unsupported", "perf_reason": "the worker counted no round"}}
-        self.perf.__exit__(None, None, None)
+        self.perf_stack.close()
         row, self.perf = self.perf.result.row(), None
         return {"perf": row}
 
@@ -287,9 +273,3 @@ def main() -> int:
             reply = w.handle(msg)
         proto.write(json.dumps(reply) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    # Run the module's own copy (not __main__'s), so peers and the loop share one PeerUnsupported.
-    from hinabench.worker import main as _main
-    sys.exit(_main())

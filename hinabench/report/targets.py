@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..harness.points import row_key
+from .render import View
+
 PEER_FAMILIES = ("vllm", "kt", "ipex", "llamacpp")
 
 
@@ -47,14 +50,17 @@ def _f(r, c):
 def judge(rows: list[dict], backend: str) -> list[Verdict]:
     """Verdicts for every (model, T, threads, numa) point where `backend` has a row."""
     points: dict[tuple, dict[str, dict]] = {}
-    for r in rows:
-        k = (r.get("model"), int(r.get("tokens_per_expert")), int(r.get("threads")), r.get("numa") or "default")
-        points.setdefault(k, {})[str(r.get("backend"))] = r
+    for r in rows:   # the FFN's Figure-10 points (same-experts routing) only
+        if (r.get("op") or "ffn") != "ffn" or (r.get("routing") or "same-experts") != "same-experts":
+            continue
+        points.setdefault(row_key(r, backend=False), {})[str(r.get("backend"))] = r
     out: list[Verdict] = []
-    for (model, T, thr, numa), by in points.items():
+    for by in points.values():
         me = by.get(backend)
         if me is None:
             continue
+        model, T, thr = me.get("model"), int(float(me["tokens_per_expert"])), int(float(me["threads"]))
+        numa = me.get("numa") or "default"
         base = dict(model=model, T=T, threads=thr, numa=numa, backend=backend)
         if me.get("status") != "ok":
             out.append(Verdict(**base, target="all", want="an ok row", got=str(me.get("status")),
@@ -105,17 +111,9 @@ def judge(rows: list[dict], backend: str) -> list[Verdict]:
     return out
 
 
-def render(verdicts: list[Verdict], markdown: bool = False):
-    cols = ["model", "T", "threads", "target", "want", "got", "verdict", "why"]
-    if markdown:
-        lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-        lines += ["| " + " | ".join(str(getattr(v, c)) for c in cols) + " |" for v in verdicts]
-        return "\n".join(lines)
-    from rich.table import Table
-    t = Table(show_lines=False)
-    for c in cols:
-        t.add_column(c, justify="right" if c in ("T", "threads") else "left", overflow="fold")
-    for v in verdicts:
-        style = {"pass": "green", "fail": "red", "n/a": "dim"}[v.verdict]
-        t.add_row(*(str(getattr(v, c)) for c in cols), style=style)
-    return t
+def _style(r: dict):
+    return {"pass": "green", "fail": "red", "n/a": "dim"}.get(r.get("verdict"))
+
+
+VIEW = View([(c, c, None) for c in ("model", "T", "threads", "target", "want", "got", "verdict", "why")],
+            style=_style, right=("T", "threads"))

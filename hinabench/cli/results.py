@@ -1,0 +1,93 @@
+"""`hinabench show | targets | figure`: stored rows, printed, judged and drawn (never a live run)."""
+from __future__ import annotations
+
+import click
+
+from ..errors import UserError
+from . import console, format_option, ints, names
+
+
+@click.command()
+@click.argument("name", type=click.Choice(["fig10", "fig15"]))
+@click.argument("results", nargs=-1, required=True)
+@click.option("--out", "out_dir", default=None, help="Directory for the figure (default: beside the results).")
+def figure(name, results, out_dir):
+    """Draw a paper figure from stored result rows (never from a live run)."""
+    from ..report.figures import FIGURES
+    paths = FIGURES[name](list(results), out_dir)
+    for p in paths:
+        click.echo(str(p))
+
+
+@click.command()
+@click.argument("results", nargs=-1, required=True)
+@click.option("--model", "models", default=None, help="Only these models, comma-separated.")
+@click.option("--backends", default=None,
+              help="Only these backends or families, comma-separated (hina matches hina:avx2, ...).")
+@click.option("--tokens", default=None, help="Only these T, comma-separated.")
+@click.option("--threads", default=None, help="Only these thread counts, comma-separated.")
+@click.option("--status", default=None, help="Only rows with these statuses (ok, wrong, unsupported, ...).")
+@click.option("--all", "all_runs", is_flag=True,
+              help="Every stored run of a point (default: the latest run's row of each point).")
+@format_option()
+def show(results, models, backends, tokens, threads, status, all_runs, fmt):
+    """Print stored result rows (one or more files), filtered, with the machine and the commands
+    that made them. Rows are shown as stored: ranks are those of the run that measured them. Damaged
+    rows (a torn write) are left out and named; of several runs of one point the latest is shown."""
+    from ..harness.store import read_rows, select_rows
+    from ..report.render import emit, provenance, reasons
+    problems: list[str] = []
+    stored = read_rows(list(results), problems, latest=not all_runs)
+    for line in problems:
+        click.echo(f"hinabench: note: {line}", err=True)
+    rows = select_rows(stored,
+                       models=names(models), backends=names(backends),
+                       tokens=ints(tokens, "--tokens") if tokens else None,
+                       threads=ints(threads, "--threads") if threads else None,
+                       statuses=names(status))
+    if not rows:
+        raise UserError("no stored row matches those filters")
+    machines, commands = provenance(rows)
+    if fmt == "markdown":
+        notes = ["Machine: " + "; ".join(machines) if machines else "Machine: not recorded"]
+        notes += [f"Made by: `{c}`" for c in commands]
+    else:
+        notes = [f"  {line}" for line in reasons(rows)]
+        notes += [f"machine: {m}" for m in machines] + [f"made by: {c}" for c in commands]
+    from ..harness.suite import _console_out
+    emit(rows, fmt, notes=notes, console=_console_out())
+
+
+@click.command()
+@click.argument("results", nargs=-1, required=True)
+@click.option("--backend", default="auto", show_default=True,
+              help="The hina variant to judge; auto: the best ISA with ok rows (amx, avx512, avx2).")
+@click.option("--model", "models", default=None, help="Only these models, comma-separated.")
+@click.option("--threads", default=None, help="Only these thread counts, comma-separated.")
+@format_option()
+def targets(results, backend, models, threads, fmt):
+    """Judge the HiNa-MoE kernel's performance targets on stored rows: efficiency >= 0.90 at T <= 4
+    and >= 0.75 at T >= 8; faster than onednn:prepacked; >= the best validated same-bytes peer at
+    T <= 4, faster at T >= 8. A comparison that did not run is n/a, never a pass."""
+    from ..harness.store import read_rows, select_rows
+    from ..report.render import emit
+    from ..report.targets import VIEW, judge
+    rows = select_rows(read_rows(list(results)), models=names(models),
+                       threads=ints(threads, "--threads") if threads else None)
+    if backend == "auto":
+        ok = {r.get("backend") for r in rows if r.get("status") == "ok"}
+        backend = next((b for b in ("hina:amx", "hina:avx512", "hina:avx2") if b in ok), None)
+        if backend is None:
+            raise UserError("no ok row of hina:amx, hina:avx512 or hina:avx2 in those results")
+    verdicts = judge(rows, backend)
+    if not verdicts:
+        raise UserError(f"no row of {backend} in those results")
+    counts = {k: sum(v.verdict == k for v in verdicts) for k in ("pass", "fail", "n/a")}
+    machines = sorted({str(r.get("fingerprint") or "") for r in rows if r.get("backend") == backend} - {""})
+    tail = [f"{backend}: {counts['pass']} pass, {counts['fail']} fail, {counts['n/a']} n/a "
+            f"of {len(verdicts)} targets"] + [f"machine: {m}" for m in machines]
+    emit([v.as_row() for v in verdicts], fmt, VIEW, notes=([""] if fmt == "table" else []) + tail,
+         console=console())
+
+
+COMMANDS = [figure, show, targets]

@@ -1,0 +1,348 @@
+"""The results store: one row schema per problem kind, rows on disk as CSV or Parquet.
+
+Rows are appended as they are measured, so an interrupted sweep keeps every point it measured;
+`--resume` skips the points already stored. How rows are printed (table, Markdown, CSV, JSON, ...) is
+hinabench/report/render.py's job; this module only stores, reads, selects and ranks them.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from pathlib import Path
+
+from ..errors import UserError
+from ..problems import KINDS
+from .points import row_key
+
+STATUSES = ("ok", "wrong", "failed", "unavailable", "unsupported", "timeout")
+# Points with these statuses are measured again on --resume (they may have been transient).
+RETRY_STATUSES = ("failed", "timeout")
+
+# Every row: what was run (op, backend, the kind's own columns, threads, numa), then these.
+HEAD = ["op", "backend"]
+COMMON = [
+    "threads", "numa",
+    # outcome
+    "status", "reason", "rank",
+    # timings (ms) over the samples of all rounds; warm-ups excluded
+    "median_ms", "min_ms", "mean_ms", "mad_ms", "p10_ms", "p90_ms", "samples", "rounds", "warmup",
+    "prepare_ms", "unstable",
+    # validation
+    "rel_err", "tolerance",
+    # roofline
+    "weight_bytes", "flops", "read_gbps", "read_gbps_min", "read_probe", "peak_gflops", "peak_unit",
+    "roofline_ms", "bound", "gbps", "gflops", "pct_bw", "efficiency",
+    # memory and cache policy
+    "extra_bytes", "rotation_groups", "allocated_bytes",
+    # NUMA: where the weights are (the placement model), and the remote traffic, modeled and counted
+    "placement_policy", "placement_nodes", "placement_page_bytes", "placement_phase",
+    "placement_backing", "placement_model_valid", "placement_reason",
+    "work_partition", "remote_fraction_model", "remote_fraction_basis",
+    "remote_fraction_perf", "dram_local_loads", "dram_remote_loads", "perf_status", "perf_reason",
+    # conditions
+    "load_other_cpus", "load_warning", "loadavg_before",
+    # provenance
+    "machine", "fingerprint", "versions", "hinabench_version", "git_rev", "timestamp", "command",
+    "run_id",    # one per invocation: of several rows of one point, readers take the latest run's
+]
+
+
+def schema(op: str = "ffn") -> list[str]:
+    """The columns of a row of problem kind `op`, in file order."""
+    return HEAD + list(KINDS[op].columns) + COMMON
+
+
+COLUMNS = schema("ffn")                 # the FFN schema (`hinabench ffn`)
+
+
+def empty_row(op: str = "ffn") -> dict:
+    return {c: None for c in schema(op)}
+
+
+def point_key(row: dict) -> tuple:
+    """A stored row's point with its backend (hinabench/harness/points.py's row_key)."""
+    return row_key(row)
+
+
+class ResultStore:
+    """Rows on disk: CSV (appended one row per write, fsynced) or Parquet (rewritten after each row).
+
+    A CSV store is checked before anything is appended to it (`open_for_append`): its header must be
+    a results header of this kind (a file of another schema, or garbage, is refused with one line),
+    and a torn last row (an interrupted write: no newline at the end, or too few cells) is cut off,
+    said so, and its point measured again.
+    """
+
+    def __init__(self, path: str | os.PathLike, op: str = "ffn"):
+        self.path = Path(path)
+        self.kind = "parquet" if self.path.suffix == ".parquet" else "csv"
+        self.op = op
+        self.columns = schema(op)
+        self.file_columns: list[str] | None = None   # the header of an existing file we append to
+        self.repaired: str = ""                       # what open_for_append repaired, in words
+        self.appended = 0                             # rows this process appended
+
+    def check_writable(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"results file {self.path} is not writable: {e.strerror or e}") from None
+        existed = self.path.exists()
+        try:
+            with open(self.path, "a"):
+                pass
+        except OSError as e:
+            raise UserError(f"results file {self.path} is not writable: {e.strerror or e}") from None
+        if not existed:
+            self.path.unlink()   # created by the first row, so a run refused later leaves no empty file
+        if self.kind == "parquet":
+            try:
+                import pyarrow  # noqa: F401
+            except ImportError:
+                raise UserError("writing .parquet needs pyarrow (pip install pyarrow), or use a .csv path") from None
+
+    def open_for_append(self) -> None:
+        """Check an existing file's schema and repair a torn last row before any row is appended."""
+        self.check_writable()
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        if self.kind == "parquet":
+            try:
+                cols = list(_read_parquet(self.path).columns)
+            except Exception as e:
+                raise UserError(f"{self.path} is not a results file ({type(e).__name__}); "
+                                f"write to a new file") from None
+            self._check_header(cols)
+            return
+        data = self.path.read_bytes()
+        head = data.split(b"\n", 1)[0].decode("utf-8", "replace").rstrip("\r")
+        cols = next(csv.reader([head]), [])
+        self._check_header(cols)
+        cut = _torn_tail(data, len(cols))
+        if cut is not None:
+            with open(self.path, "r+b") as f:
+                f.truncate(cut)
+                f.flush()
+                os.fsync(f.fileno())
+            self.repaired = (f"{self.path}: the last row was torn (an interrupted write); it was removed "
+                             f"and its point is measured again")
+
+    def _check_header(self, cols: list[str]) -> None:
+        missing = [c for c in self.columns if c not in cols]
+        extra = [c for c in cols if c not in self.columns]
+        # rows written before `op`, `routing`, `batch_tokens` existed read as their defaults
+        if extra or not cols or set(missing) - OPTIONAL_IN_OLD_FILES or "backend" not in cols:
+            what = "garbage or another CSV" if "backend" not in cols or "status" not in cols else \
+                f"another schema (missing {missing[:4]}, unknown {extra[:4]})"
+            raise UserError(f"{self.path} is not a {self.op} results file ({what}); nothing was appended: "
+                            f"write to a new file")
+        self.file_columns = cols
+
+    def rows(self) -> list[dict]:
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return []
+        if self.kind == "parquet":
+            return _read_parquet(self.path).to_dict("records")
+        with open(self.path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        return [r for r in rows if None not in r and all(v is not None for v in r.values())]
+
+    def done_keys(self) -> set[tuple]:
+        return {point_key(r) for r in self.rows()
+                if r.get("status") in STATUSES and r.get("status") not in RETRY_STATUSES}
+
+    def append(self, row: dict) -> None:
+        unknown = set(row) - set(self.columns)
+        if unknown:   # a harness bug, never silently dropped
+            raise ValueError(f"row has columns outside the {self.op} schema: {sorted(unknown)}")
+        if row.get("status") not in STATUSES:
+            raise ValueError(f"a row is never stored without a status (got {row.get('status')!r})")
+        cols = self.file_columns or self.columns
+        row = {c: _cell(row.get(c)) for c in cols}
+        if self.kind == "parquet":
+            import pandas as pd
+            df = pd.DataFrame(self.rows() + [row], columns=cols)
+            tmp = self.path.with_suffix(".parquet.partial")
+            df.to_parquet(tmp, index=False)
+            os.replace(tmp, self.path)
+            self.appended += 1
+            return
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        if new:
+            w.writeheader()
+            self.file_columns = cols
+        w.writerow(row)
+        data = buf.getvalue().encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(fd, data)      # one write per row: a row is whole or torn at the end
+            if written != len(data):
+                raise OSError(f"short write to {self.path} ({written} of {len(data)} bytes)")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.appended += 1
+
+
+OPTIONAL_IN_OLD_FILES = {"op", "routing", "batch_tokens", "run_id"}
+
+
+def _torn_tail(data: bytes, ncols: int) -> int | None:
+    """Where to cut a CSV so that it ends with a whole row, or None when it does."""
+    if not data.endswith(b"\n"):
+        return data.rfind(b"\n") + 1
+    last_start = data.rfind(b"\n", 0, len(data) - 1) + 1
+    if last_start == 0:
+        return None            # the header alone
+    last = data[last_start:].decode("utf-8", "replace")
+    cells = next(csv.reader([last]), [])
+    if len(cells) != ncols:
+        return last_start
+    return None
+
+
+def _read_parquet(path):
+    import pandas as pd
+    return pd.read_parquet(path)
+
+
+def _cell(v):
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, sort_keys=True)
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    if isinstance(v, str) and ("\n" in v or "\r" in v):
+        return " / ".join(x for x in v.splitlines() if x.strip())   # one line per row, always
+    return v
+
+
+def _read_csv(p: Path, problems: list[str]):
+    """A results CSV as a DataFrame; rows that are not whole (torn, garbled) are left out and named
+    in `problems`; a file that is not a results file is a UserError that names it."""
+    import pandas as pd
+    try:
+        with open(p, newline="", encoding="utf-8", errors="replace") as f:
+            reader = csv.reader(f)
+            header = next(reader, [])
+            if "backend" not in header or "status" not in header:
+                raise UserError(f"{p} is not a results file (its first line is not a results header)")
+            rows = []
+            for line_no, cells in enumerate(reader, start=2):
+                if len(cells) != len(header):
+                    problems.append(f"{p} line {line_no}: not a whole row ({len(cells)} of "
+                                    f"{len(header)} cells: a torn or garbled write); left out")
+                    continue
+                rows.append(cells)
+    except csv.Error as e:
+        raise UserError(f"{p}: not readable as CSV ({e})") from None
+    df = pd.DataFrame(rows, columns=header).replace("", None)
+    return df
+
+
+def load_frame(paths, problems: list[str] | None = None, latest: bool = True):
+    """Stored rows from one or more files (CSV or Parquet) as one DataFrame, numbers as numbers.
+    Damaged rows are left out and described in `problems` (a list to append to). With `latest`,
+    a point measured by several runs keeps only the latest run's row (the re-run rule); the
+    number superseded is appended to `problems` too."""
+    import pandas as pd
+    problems = [] if problems is None else problems
+    frames = []
+    for p in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        p = Path(p)
+        if not p.exists():
+            raise UserError(f"no results file at {p}")
+        if p.suffix == ".parquet":
+            try:
+                frames.append(_read_parquet(p))
+            except Exception as e:
+                raise UserError(f"{p} is not a readable Parquet results file ({type(e).__name__})") from None
+        else:
+            frames.append(_read_csv(p, problems))
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+    for c in ("tokens_per_expert", "batch_tokens", "experts", "threads", "median_ms", "min_ms", "p10_ms",
+              "p90_ms", "mad_ms", "roofline_ms", "gbps", "pct_bw", "efficiency", "rel_err", "read_gbps",
+              "weight_bytes", "flops", "rank", "samples", "rounds", "warmup", "prepare_ms", "mean_ms",
+              "gflops", "peak_gflops", "load_other_cpus", "remote_fraction_model", "remote_fraction_perf",
+              "read_gbps_min", "extra_bytes", "rotation_groups", "allocated_bytes", "out_features",
+              "in_features", "hidden_size", "intermediate_size"):
+        if c in df:
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    if latest and len(df):
+        keys = [row_key(r) for r in df.to_dict("records")]
+        last = {}
+        for i, k in enumerate(keys):
+            last[k] = i
+        keep = sorted(last.values())
+        if len(keep) < len(df):
+            problems.append(f"{len(df) - len(keep)} row(s) superseded by a later run of the same point "
+                            f"(the latest is shown; --all shows every run)")
+            df = df.iloc[keep].reset_index(drop=True)
+    return df
+
+
+def load_frame(paths):
+    """Stored rows from one or more files (CSV or Parquet) as one DataFrame, numbers as numbers."""
+    import pandas as pd
+    frames = []
+    for p in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        p = Path(p)
+        if not p.exists():
+            raise UserError(f"no results file at {p}")
+        frames.append(pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p))
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+    for c in ("tokens_per_expert", "experts", "threads", "median_ms", "min_ms", "p10_ms", "p90_ms",
+              "mad_ms", "roofline_ms", "gbps", "pct_bw", "efficiency", "rel_err", "read_gbps"):
+        if c in df:
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df
+
+
+def read_rows(paths, problems: list[str] | None = None, latest: bool = True) -> list[dict]:
+    """Stored rows of one or more files (CSV or Parquet) as dicts, in file order; NaN as None
+    (see load_frame for `problems` and `latest`)."""
+    df = load_frame(paths, problems, latest)
+    rows = [{k: _cell(v) for k, v in r.items()} for r in df.to_dict("records")]
+    for r in rows:  # whole-number columns that pandas read as float (a NaN in the column)
+        for c in ("rank", "tokens_per_expert", "experts", "threads", "samples", "rounds", "warmup"):
+            v = r.get(c)
+            if isinstance(v, float) and v.is_integer():
+                r[c] = int(v)
+    return rows
+
+
+def select_rows(rows: list[dict], models=None, backends=None, tokens=None, threads=None,
+                statuses=None) -> list[dict]:
+    """Rows matching every given filter. A backend filter without ':' is a family (hina matches
+    hina:avx2, hina:amx-numa, ...); models match by name."""
+    def fam_ok(b):
+        return not backends or any(b == f or (":" not in f and b.split(":")[0] == f) for f in backends)
+
+    def num_in(v, allowed):
+        try:
+            return not allowed or int(v) in allowed
+        except (TypeError, ValueError):
+            return False
+    return [r for r in rows
+            if (not models or r.get("model") in models) and fam_ok(str(r.get("backend")))
+            and num_in(r.get("tokens_per_expert"), tokens) and num_in(r.get("threads"), threads)
+            and (not statuses or r.get("status") in statuses)]
+
+
+def rank_rows(rows: list[dict]) -> None:
+    """Rank `ok` rows by median within each point (row_key without the backend); others get no rank."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        r["rank"] = None
+        if r.get("status") == "ok" and r.get("median_ms") is not None:
+            k = row_key(r, backend=False)
+            groups.setdefault(k, []).append(r)
+    for g in groups.values():
+        for i, r in enumerate(sorted(g, key=lambda r: float(r["median_ms"])), 1):
+            r["rank"] = i
+
+

@@ -1,0 +1,286 @@
+"""Sweeps as data: a `Sweep` (from CLI options or a suites/*.toml file) becomes result rows.
+
+A suite file:
+    name = "fig10"
+    [sweep]
+    models = ["mixtral-8x7b", "deepseek-v3"]
+    tokens = [1, 2, 4, 8, 16]
+    backends = "all"            # or a list / comma-separated string
+    threads = [2]               # omitted: all usable CPUs
+    dtype = "bf16"
+    rounds = 3
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import click
+
+from .. import backends as backend_registry
+from ..errors import UserError
+from ..models import get_model
+from ..problems import FFNProblem, LinearProblem, Problem, get_kind
+from .points import Point
+
+
+@dataclass
+class Sweep:
+    """A sweep's axes and how to time it. Points are the product of the axes, in this order: numa
+    policy, model, dtype, the kind's own axis (routing for the FFN, projection for linear), tokens,
+    threads."""
+    models: list[str]
+    tokens: list[int]
+    op: str = "ffn"                    # the problem kind (hinabench/problems)
+    experts: int | None = None         # ffn: active experts per token (default: the model's top-k)
+    routing: list[str] | None = None   # ffn: same-experts (default), router
+    proj: list[str] | None = None      # linear: projections (default: every one of the model's)
+    backends: str = "all"
+    dtype: list[str] | str = "bf16"
+    threads: list[int] | None = None
+    repeats: int = 0
+    rounds: int = 3
+    min_time: float = 0.3
+    warmup: int = 2
+    seed: int = 0
+    numa: list[str] | None = None      # memory policies: default, interleave, bind:N
+    perf: bool = False
+
+    @property
+    def dtypes(self) -> list[str]:
+        return [self.dtype] if isinstance(self.dtype, str) else list(self.dtype)
+
+    def _kind_axis(self, model) -> list[dict]:
+        if self.op == "ffn":
+            return [{"routing": r} for r in (self.routing or ["same-experts"])]
+        if self.op == "linear":
+            return [{"proj": p} for p in (self.proj or list(model.projections()))]
+        return [{}]
+
+    def _problem(self, model, dtype: str, tokens: int, extra: dict) -> Problem:
+        if self.op == "ffn":
+            return FFNProblem.create(model, tokens, self.experts, dtype, self.seed, extra["routing"])
+        if self.op == "linear":
+            return LinearProblem.create(model, extra["proj"], tokens, dtype, self.seed)
+        raise UserError(f"no sweep for problem kind '{self.op}'")
+
+    def problems(self) -> list[Problem]:
+        """Every point's problem, validated before anything is measured."""
+        if not self.models:
+            raise UserError("give at least one model")
+        get_kind(self.op)
+        out = []
+        for m in self.models:
+            model = get_model(m)
+            for dt, extra, t in itertools.product(self.dtypes, self._kind_axis(model), self.tokens):
+                out.append(self._problem(model, dt, t, extra))
+        return out
+
+    def points(self, threads: list[int]) -> list[Point]:
+        """The product of every axis; validated before anything is measured."""
+        return [Point(p, t, pol) for pol, p, t in
+                itertools.product(self.numa or ["default"], self.problems(), threads)]
+
+
+# The suite file's schema: top-level keys, and each [sweep] key's type ("ints": a list of whole numbers,
+# "names": a list of strings or one string, "name": a string, "int", "float", "bool").
+SUITE_TOP = {"name": "name", "sweep": "table"}
+SWEEP_SCHEMA = {"models": "names", "tokens": "ints", "op": "name", "experts": "int", "routing": "names",
+                "proj": "names", "backends": "names", "dtype": "names", "threads": "ints", "repeats": "int",
+                "rounds": "int", "min_time": "float", "warmup": "int", "seed": "int", "numa": "names",
+                "perf": "bool"}
+BOUNDS = {"rounds": (1, None), "repeats": (0, None), "warmup": (0, None), "experts": (1, None),
+          "min_time": (1e-9, None), "tokens": (1, None), "threads": (1, None)}
+
+
+def _typed(key: str, v, kind: str) -> tuple[object, str]:
+    """(the value in the Sweep's type, "") or (None, what is wrong)."""
+    def is_int(x):
+        return isinstance(x, int) and not isinstance(x, bool)
+    if kind == "ints":
+        vals = v if isinstance(v, list) else None
+        if vals is None or not vals or not all(is_int(x) for x in vals):
+            return None, f"'{key}' must be a list of whole numbers, like {key} = [1, 2, 4] (got {v!r})"
+        lo, _ = BOUNDS.get(key, (None, None))
+        if lo is not None and min(vals) < lo:
+            return None, f"'{key}' values must be at least {lo} (got {min(vals)})"
+        return vals, ""
+    if kind == "names":
+        if isinstance(v, str):
+            v = [x.strip() for x in v.split(",") if x.strip()]
+        if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
+            return None, f"'{key}' must be a list of names, like {key} = [\"a\", \"b\"] (got {v!r})"
+        return v, ""
+    if kind == "name":
+        return (v, "") if isinstance(v, str) else (None, f"'{key}' must be a string (got {v!r})")
+    if kind == "bool":
+        return (v, "") if isinstance(v, bool) else (None, f"'{key}' must be true or false (got {v!r})")
+    if kind in ("int", "float"):
+        ok = is_int(v) if kind == "int" else (isinstance(v, (int, float)) and not isinstance(v, bool))
+        if not ok:
+            return None, f"'{key}' must be {'a whole number' if kind == 'int' else 'a number'} (got {v!r})"
+        lo, _ = BOUNDS.get(key, (None, None))
+        if lo is not None and v < lo:
+            return None, f"'{key}' must be at least {lo} (got {v!r})"
+        return v, ""
+    return v, ""
+
+
+def _near(name: str, known) -> str:
+    import difflib
+    m = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean '{m[0]}'?)" if m else ""
+
+
+def load_suite(path: str) -> tuple[Sweep, str]:
+    """A suite file, validated against its schema: every problem reported, one line each."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"no suite file at {path}")
+    try:
+        doc = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path} is not valid TOML: {e}") from None
+    problems = [f"unknown top-level key or section '{k}'{_near(k, SUITE_TOP)}; known: name, [sweep]"
+                for k in doc if k not in SUITE_TOP]
+    raw = doc.get("sweep", {})
+    if not isinstance(raw, dict):
+        problems.append("'sweep' must be a [sweep] section")
+        raw = {}
+    s: dict = {}
+    unknown = sorted(k for k in raw if k not in SWEEP_SCHEMA)
+    if unknown:
+        hints = "".join(_near(k, SWEEP_SCHEMA) for k in unknown)
+        problems.append(f"unknown [sweep] keys {unknown}{hints}; known: {', '.join(SWEEP_SCHEMA)}")
+    for k, v in raw.items():
+        if k not in SWEEP_SCHEMA:
+            continue
+        val, why = _typed(k, v, SWEEP_SCHEMA[k])
+        if why:
+            problems.append(why)
+        else:
+            s[k] = val
+    for req in ("models", "tokens"):
+        if req not in raw and "sweep" in doc:
+            problems.append(f"[sweep] needs '{req}'")
+    if "sweep" not in doc:
+        problems.append("no [sweep] section")
+    if "name" in doc and not isinstance(doc["name"], str):
+        problems.append(f"'name' must be a string (got {doc['name']!r})")
+    if problems:
+        raise UserError(f"{path}: " + ("\n  ".join([f"{len(problems)} problem(s):"] + problems)
+                                       if len(problems) > 1 else problems[0]))
+    if isinstance(s.get("backends"), list):
+        s["backends"] = ",".join(s["backends"])
+    known = {f.name for f in fields(Sweep)}
+    assert set(s) <= known, set(s) - known
+    return Sweep(**s), doc.get("name", p.stem)
+
+
+def default_out(name: str, models: list[str]) -> Path:
+    from ..machine.sysinfo import machine_id
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    tag = models[0] if len(models) == 1 else f"{len(models)}models"
+    return Path("results") / machine_id() / f"{name}-{tag}-{stamp}.csv"
+
+
+def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
+              command: str = "") -> list[dict]:
+    """Measure every point of `sweep` into the results file `out`; print the rows in `fmt`."""
+    from ..machine.sysinfo import summary, topology
+    from ..numa.placement import parse_policy
+    from ..report.render import emit, reasons
+    from . import runner
+    from .runner import RunConfig
+    from .store import ResultStore
+
+    threads = sweep.threads or [len(topology()["usable_cpus"])]
+    ncpu = len(topology()["usable_cpus"])
+    if any(t < 1 or t > ncpu for t in threads):
+        raise UserError(f"--threads must be between 1 and {ncpu} (the CPUs this process may use)")
+    for pol in sweep.numa or ["default"]:
+        parse_policy(pol)
+    points = sweep.points(threads)
+    names = backend_registry.resolve(sweep.backends, op=sweep.op)
+    explicit = sweep.backends.strip() not in ("", "all")
+    for n in names:
+        cls = backend_registry.get(n)
+        for dt in sweep.dtypes:
+            if explicit and dt not in cls.dtypes:
+                raise UserError(f"backend {n} has no {dt} path (it has: {', '.join(cls.dtypes)})")
+    if resume and not out:
+        raise UserError("--resume needs --out FILE (the results file to continue)")
+    store = ResultStore(out or default_out(name, sweep.models), op=sweep.op)
+    existed = store.path.exists() and store.path.stat().st_size > 0
+    store.open_for_append()
+    err = _console_err()
+    if store.repaired:
+        err.print(f"[yellow]note:[/] {store.repaired}", highlight=False)
+    skip = store.done_keys() if resume else set()
+    if existed and not resume:
+        err.print(f"[yellow]note:[/] {store.path} has rows already: this run appends its own (run id "
+                  f"in every row); readers show the latest run of each point, `hinabench show --all` every run",
+                  highlight=False)
+    if resume and names and all(pt.key(n) in skip for pt in points for n in names):
+        click.echo(f"hinabench: nothing to do: all {len(points) * len(names)} row(s) of this sweep are "
+                   f"already in {store.path}", err=True)
+        return []
+    cfg = RunConfig(rounds=sweep.rounds, warmup=sweep.warmup, repeats=sweep.repeats,
+                    min_time=sweep.min_time, seed=sweep.seed, perf=sweep.perf)
+    if command:
+        cfg.command = command
+    quiet = fmt != "table"
+    if not quiet:
+        err.print(f"[bold]hinabench {name}[/]: {len(points)} point(s) x {len(names)} backend(s) -> {store.path}")
+        err.print(summary(), style="dim")
+    rows: list[dict] = []
+    progress = None
+    if not quiet and sys.stderr.isatty():
+        from rich.progress import Progress
+        progress = Progress(console=err, transient=True)
+        task = progress.add_task("measuring", total=len(points) * len(names))
+        progress.start()
+    try:
+        for pt in points:
+            if progress is not None:
+                progress.update(task, description=str(pt))
+            rows += runner.run_point(pt.problem, names, pt.threads, cfg, store=store, skip=skip,
+                                     progress=(lambda: progress.advance(task)) if progress else None,
+                                     numa=pt.numa)
+    except KeyboardInterrupt:
+        if progress is not None:
+            progress.stop()
+        click.echo(f"hinabench: interrupted: {store.appended} row(s) kept in {store.path} by this run; "
+                   f"run again with --out {store.path} --resume to continue", err=True)
+        sys.exit(130)
+    finally:
+        if progress is not None:
+            progress.stop()
+    if quiet:
+        emit(rows, fmt)
+        return rows
+    notes = [f"  {line}" for line in reasons(rows)]
+    warn = [r for r in rows if r.get("load_warning")]
+    if warn:
+        notes.append(f"warning: another process competed for the CPUs during {len(warn)} row(s) "
+                     f"(load_other_cpus > 0.25): their timings are suspect")
+    unstable = [r for r in rows if r.get("unstable")]
+    if unstable:
+        notes.append(f"warning: {len(unstable)} row(s) unstable (MAD > 10% of median)")
+    notes.append(f"rows written to {store.path}")
+    emit(rows, "table", notes=notes, console=_console_out())
+    return rows
+
+
+def _console_err():
+    from rich.console import Console
+    return Console(stderr=True)
+
+
+def _console_out():
+    from rich.console import Console
+    return Console(width=200)

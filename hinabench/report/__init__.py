@@ -1,0 +1,1 @@
+"""Rows turned into things to read: renderers (table, Markdown, CSV, JSON), targets, figures."""

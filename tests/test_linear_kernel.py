@@ -1,0 +1,73 @@
+"""hinabench.kernels.linear (y = x W^T, the driver's single-matrix case) against the fp32 reference, on
+every path this machine can run (native and emulated), the registry's projection shapes and random
+shapes, with W in place (row strides that are and are not multiples of 4 KiB: the fused and the
+piece paths)."""
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from hinabench import kernels
+from hinabench.dtypes import get_dtype
+from hinabench.problems import LinearProblem, rel_err
+
+TOL = get_dtype("bf16").tolerance
+PATHS = [p for p in ["scalar", "avx2", "avx512", "amx", "avx512-emulated", "amx-emulated"]
+         if kernels.isa_status(p)[0]]
+
+
+def data(N, K, T, seed=0):
+    return LinearProblem.custom(N, K, T, seed=seed).materialize(rotate=False)
+
+
+def check(y, ref, what):
+    assert y.dtype == torch.bfloat16 and tuple(y.shape) == tuple(ref.shape), what
+    err = rel_err(y, ref)
+    assert err <= 5e-3, f"{what}: rel err {err:.3g}"
+
+
+@pytest.mark.parametrize("isa", PATHS)
+@pytest.mark.parametrize("N, K, T", [(64, 2048, 1), (96, 1536, 5), (32, 512, 33), (128, 4096, 3)])
+def test_linear_matches_the_reference(isa, N, K, T):
+    d = data(N, K, T)
+    check(kernels.linear(d.x, d.w[0], isa=isa, threads=2), d.reference(0), f"{isa} N={N} K={K} T={T}")
+
+
+@pytest.mark.parametrize("proj", ["qkv", "o"])
+def test_registry_projection_shapes_on_avx2(proj):
+    if "avx2" not in PATHS:
+        pytest.skip("no AVX2 here")
+    d = LinearProblem.create("qwen3-30b-a3b", proj, 4).materialize(rotate=False)
+    check(kernels.linear(d.x, d.w[0], isa="avx2", threads=2), d.reference(0), proj)
+
+
+def test_strided_weights_and_tokens_are_read_in_place():
+    big = torch.randn(64, 2048 + 96).to(torch.bfloat16)
+    w = big[:, 32:32 + 1024]                       # row stride 2144: not a multiple of 2048 (piece path)
+    x = torch.randn(7, 1024 + 64).to(torch.bfloat16)[:, :1024]
+    before = big.clone()
+    ref = x.float() @ w.float().T
+    for isa in PATHS:
+        check(kernels.linear(x, w, isa=isa, threads=2), ref, isa)
+    assert torch.equal(big, before)
+
+
+@settings(max_examples=12, deadline=None)
+@given(N=st.integers(1, 6), K=st.integers(1, 80), T=st.integers(1, 40), seed=st.integers(0, 99))
+def test_random_shapes(N, K, T, seed):
+    d = data(32 * N, 32 * K, T, seed)
+    isa = "avx2" if "avx2" in PATHS else "scalar"
+    check(kernels.linear(d.x, d.w[0], isa=isa, threads=2), d.reference(0), f"{isa} {32 * N}x{32 * K} T={T}")
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (lambda x, w: (x, w[:, :100]), "multiples of 32"),
+    (lambda x, w: (x.float(), w), "bfloat16"),
+    (lambda x, w: (x, w.float()), "bfloat16"),
+    (lambda x, w: (x[:, :64], w), r"x must be \[T, K=128\]"),
+    (lambda x, w: (x, w.t()), "contiguous along K"),
+])
+def test_bad_input_is_a_clear_error(bad, msg):
+    x = torch.ones(3, 128, dtype=torch.bfloat16)
+    w = torch.ones(64, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=msg):
+        kernels.linear(*bad(x, w))

@@ -1,0 +1,124 @@
+"""The results store under damage and re-runs, every renderer, suite validation, `hinabench linear`."""
+import csv
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from hinabench.cli import cli
+from hinabench.harness.store import ResultStore, read_rows
+from hinabench.report.render import FORMATS
+
+FAST = ["--model", "qwen3-30b-a3b", "--backends", "torch", "--rounds", "1", "--min-time", "0.01",
+        "--warmup", "1", "--threads", "1"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def csv_rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    path = tmp_path_factory.mktemp("store") / "r.csv"
+    r = invoke("ffn", *FAST, "--tokens", "1,2", "--out", str(path))
+    assert r.exit_code == 0, r.output
+    return path
+
+
+def test_a_torn_last_row_is_cut_and_measured_again(stored, tmp_path):
+    path = tmp_path / "torn.csv"
+    data = stored.read_bytes()
+    path.write_bytes(data[: len(data) - 40])          # the second row, torn by an interrupted write
+    shown = invoke("show", str(path))                 # readers name the damage, never a traceback
+    assert shown.exit_code == 0 and "line 3: not a whole row" in shown.output
+    r = invoke("ffn", *FAST, "--tokens", "1,2", "--out", str(path), "--resume")
+    assert r.exit_code == 0, r.output
+    assert "the last row was torn" in r.output
+    rows = csv_rows(path)
+    assert [row["tokens_per_expert"] for row in rows] == ["1", "2"] and all(row["status"] == "ok" for row in rows)
+
+
+def test_a_file_that_is_not_results_is_refused(tmp_path):
+    for text in ("garbage\x00 not csv at all\n", "a,b,c\n1,2,3\n"):
+        path = tmp_path / "other.csv"
+        path.write_text(text)
+        r = invoke("ffn", *FAST, "--tokens", "1", "--out", str(path), "--resume")
+        assert r.exit_code == 2 and "is not a ffn results file" in r.output
+        assert path.read_text() == text                    # never appended to
+        s = invoke("show", str(path))
+        assert s.exit_code == 2 and "is not a results file" in s.output
+
+
+def test_a_rerun_appends_a_run_and_readers_take_the_latest(stored, tmp_path):
+    path = tmp_path / "rerun.csv"
+    path.write_bytes(stored.read_bytes())
+    r = invoke("ffn", *FAST, "--tokens", "1", "--out", str(path))
+    assert r.exit_code == 0 and "this run appends its own" in r.output
+    assert len(csv_rows(path)) == 3
+    assert len(read_rows([path])) == 2 and len(read_rows([path], latest=False)) == 3
+    s = invoke("show", str(path), "--format", "csv")
+    assert "1 row(s) superseded" in s.output
+    assert len(json.loads(invoke("show", str(path), "--all", "--format", "json").stdout)) == 3
+    done = invoke("ffn", *FAST, "--tokens", "1,2", "--out", str(path), "--resume")
+    assert done.exit_code == 0 and "nothing to do" in done.output and len(csv_rows(path)) == 3
+
+
+def test_every_format_renders_show_and_targets(stored):
+    for fmt in FORMATS:
+        r = invoke("show", str(stored), "--format", fmt)
+        assert r.exit_code == 0 and "qwen3-30b-a3b" in r.output, fmt
+    assert len(invoke("show", str(stored), "--format", "jsonl").output.strip().splitlines()) == 2
+    r = invoke("targets", str(stored), "--backend", "torch", "--format", "jsonl")
+    assert r.exit_code == 0 and all(json.loads(x)["backend"] == "torch" for x in r.output.strip().splitlines())
+
+
+@pytest.mark.parametrize("opt", [["--rounds", "0"], ["--repeats", "-5"], ["--warmup", "-1"],
+                                 ["--min-time", "0"], ["--experts", "0"]])
+def test_numeric_options_are_bounded(opt, tmp_path):
+    r = CliRunner().invoke(cli, ["ffn", *FAST, "--tokens", "1", "--out", str(tmp_path / "x.csv"), *opt])
+    assert r.exit_code == 2 and "Invalid value" in r.output and not (tmp_path / "x.csv").exists()
+
+
+def test_a_row_is_never_stored_without_a_status(tmp_path):
+    with pytest.raises(ValueError, match="without a status"):
+        ResultStore(tmp_path / "r.csv").append({"backend": "torch"})
+
+
+@pytest.mark.parametrize("body, msg", [
+    ('[sweep]\nmodels = ["qwen3-30b-a3b"]\ntokens = "1,2"\n', "'tokens' must be a list of whole numbers"),
+    ('[sweep]\nmodels = ["qwen3-30b-a3b"]\ntokens = [1]\nthreads = 2\n', "'threads' must be a list"),
+    ('[sweeep]\nmodels = ["qwen3-30b-a3b"]\ntokens = [1]\n', "unknown top-level key or section 'sweeep' (did you mean 'sweep'?)"),
+    ('[sweep]\nmodels = ["qwen3-30b-a3b"]\ntokens = [0]\n', "'tokens' values must be at least 1"),
+    ('[sweep]\nmodels = ["qwen3-30b-a3b"]\ntokens = [1]\nrounds = 0\n', "'rounds' must be at least 1"),
+])
+def test_suites_are_validated_with_one_line_per_problem(body, msg, tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(body)
+    r = CliRunner().invoke(cli, ["suite", "run", str(path)])
+    assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output
+
+
+def test_linear_validates_torch_and_hina_and_names_what_cannot_run(tmp_path):
+    out = tmp_path / "lin.csv"
+    r = invoke("linear", "--model", "qwen3-30b-a3b", "--proj", "qkv", "--tokens", "1,8",
+               "--backends", "torch,onednn,hina:avx2", "--rounds", "1", "--min-time", "0.01", "--warmup", "1",
+               "--threads", "1", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    rows = csv_rows(out)
+    by = {(row["backend"], row["batch_tokens"]): row for row in rows}
+    for b in ("torch", "hina:avx2"):
+        for t in ("1", "8"):
+            row = by[(b, t)]
+            assert row["status"] == "ok" and row["op"] == "linear" and row["proj"] == "qkv", row
+            assert (row["out_features"], row["in_features"]) == ("5120", "2048")
+            assert float(row["rel_err"]) < float(row["tolerance"]) and float(row["efficiency"]) > 0
+    for t in ("1", "8"):
+        od = by[("onednn:prepacked", t)]
+        assert od["status"] in ("ok", "unsupported") and (od["status"] == "ok" or od["reason"])
+    bad = CliRunner().invoke(cli, ["linear", "--backends", "vllm"])
+    assert bad.exit_code == 2 and "has no linear path" in bad.output
