@@ -33,7 +33,7 @@ def _nodes_list(value: str) -> list[int] | None:
     if value in (None, "", "all"):
         return None
     try:
-        return nm._parse_list(value)
+        return nm.parse_cpulist(value)
     except ValueError:
         raise BadInput(f"--nodes must be 'all' or a list like 0,1 or 0-3 (got '{value}')")
 

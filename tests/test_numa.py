@@ -224,7 +224,7 @@ def test_move_pages_every_page_on_this_machines_node():
 
 def test_move_pages_through_raw_syscalls_and_task_policy():
     """Task policy (what numactl --interleave sets), raw syscalls (no libnuma)."""
-    api = nm._Numa(use_libnuma=False)
+    api = nm.NumaApi(use_libnuma=False)
     libc = api.libc
     size = 128 * 4096
     base = libc.mmap(None, size, nm.PROT_READ | nm.PROT_WRITE, nm.MAP_PRIVATE | nm.MAP_ANONYMOUS,

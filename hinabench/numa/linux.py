@@ -43,13 +43,19 @@ MPOL_NAMES = {0: "default", 1: "preferred", 2: "bind", 3: "interleave", 4: "loca
 MPOL_MODE_FLAGS = (1 << 15) | (1 << 14) | (1 << 13)   # STATIC_NODES, RELATIVE_NODES, NUMA_BALANCING
 MPOL_F_ADDR = 1 << 1
 MPOL_MF_STRICT = 1 << 0
+MPOL_MF_MOVE = 1 << 1
+# mmap / madvise, for buffers placed by hand (check_placement, the tests)
+PROT_READ, PROT_WRITE = 1, 2
+MAP_PRIVATE, MAP_ANONYMOUS = 0x02, 0x20
+MADV_HUGEPAGE, MADV_NOHUGEPAGE = 14, 15
 _MASK_WORDS = 16                                  # 1024 node bits, >= any MAX_NUMNODES we meet
 _SYSCALLS = {"x86_64": {"mbind": 237, "set_mempolicy": 238, "get_mempolicy": 239, "move_pages": 279},
              "aarch64": {"mbind": 235, "get_mempolicy": 236, "set_mempolicy": 237, "move_pages": 239}}
 
 
-def _parse_list(text: str) -> list[int]:
-    """'0-3,8' -> [0, 1, 2, 3, 8] (sysfs and /proc list format)."""
+def parse_cpulist(text: str) -> list[int]:
+    """'0-3,8' -> [0, 1, 2, 3, 8]: the sysfs / procfs list format (cpulist, has_memory,
+    Mems_allowed_list, Cpus_allowed_list). Raises ValueError for anything else."""
     out: list[int] = []
     for part in text.strip().split(","):
         if not part:
@@ -63,14 +69,14 @@ def memory_nodes() -> list[int]:
     """Nodes with memory that this process may allocate on (what --interleave=all uses)."""
     try:
         with open("/sys/devices/system/node/has_memory") as f:
-            nodes = _parse_list(f.read())
+            nodes = parse_cpulist(f.read())
     except OSError:
         return [0]
     try:
         with open("/proc/self/status") as f:
             m = re.search(r"^Mems_allowed_list:\s*(\S+)", f.read(), re.M)
         if m:
-            allowed = set(_parse_list(m.group(1)))
+            allowed = set(parse_cpulist(m.group(1)))
             nodes = [n for n in nodes if n in allowed] or nodes
     except OSError:
         pass
@@ -79,10 +85,10 @@ def memory_nodes() -> list[int]:
 
 def node_cpus(node: int) -> list[int]:
     with open(f"/sys/devices/system/node/node{node}/cpulist") as f:
-        return _parse_list(f.read())
+        return parse_cpulist(f.read())
 
 
-class _Numa:
+class NumaApi:
     """mbind / set_mempolicy / get_mempolicy / move_pages through libnuma if present, else syscall."""
 
     def __init__(self, use_libnuma: bool = True):
@@ -153,13 +159,13 @@ class _Numa:
         return list(status)
 
 
-_numa_api: _Numa | None = None
+_numa_api: NumaApi | None = None
 
 
-def numa_api() -> _Numa:
+def numa_api() -> NumaApi:
     global _numa_api
     if _numa_api is None:
-        _numa_api = _Numa()
+        _numa_api = NumaApi()
     return _numa_api
 
 
@@ -180,9 +186,6 @@ def memory_policy(policy: str, nodes: Iterable[int] | None = None):
         yield
     finally:
         api.set_mempolicy(old_mode, old_nodes if old_mode not in (MPOL_DEFAULT, MPOL_LOCAL) else ())
-
-
-MPOL_MF_MOVE = 1 << 1
 
 
 def interleave_range(address: int, nbytes: int, nodes: Iterable[int] | None = None) -> None:
@@ -386,7 +389,3 @@ def tensor_segments(address: int, N: int, K: int, elem_bytes: int, nodes: int,
         phase = address % (page_bytes * nodes)
     return local_segments(N, K, elem_bytes, nodes, page_bytes, phase)
 
-
-PROT_READ, PROT_WRITE = 1, 2
-MAP_PRIVATE, MAP_ANONYMOUS = 0x02, 0x20
-MADV_HUGEPAGE, MADV_NOHUGEPAGE = 14, 15
