@@ -13,9 +13,8 @@ from .linux import (MADV_HUGEPAGE, MADV_NOHUGEPAGE, MAP_ANONYMOUS, MAP_PRIVATE, 
                     MPOL_DEFAULT, MPOL_F_ADDR, MPOL_INTERLEAVE, MPOL_LOCAL, MPOL_MF_MOVE,
                     MPOL_MF_STRICT, MPOL_MODE_FLAGS, MPOL_NAMES, MPOL_PREFERRED,
                     MPOL_PREFERRED_MANY, MPOL_WEIGHTED_INTERLEAVE, PROT_READ, PROT_WRITE, Placement,
-                    Vma, NumaApi, find_vma, find_vmas, interleave_range, memory_nodes,
-                    memory_policy, node_cpus, numa_api, page_nodes, parse_cpulist, parse_smaps, tensor_placement,
-                    tensor_segments)
+                    Vma, NumaApi, find_vmas, interleave_range, memory_nodes,
+                    memory_policy, node_cpus, numa_api, page_nodes, parse_cpulist, parse_smaps, tensor_placement)
 from .model import (ELEMENT_BYTES, PAGE_2M, PAGE_4K, PAGE_SIZES, PARTITIONS, KernelPlan, Segment,
                     SegmentPlan, elements_per_page, interleave_function, interleave_period,
                     local_segments, node_of, parse_page, plan_for_kernel, remote_fraction_model,

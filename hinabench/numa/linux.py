@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from .model import PAGE_2M, PAGE_4K, SegmentPlan, local_segments
+from .model import PAGE_2M, PAGE_4K
 
 MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL = 0, 1, 2, 3, 4
 MPOL_PREFERRED_MANY, MPOL_WEIGHTED_INTERLEAVE = 5, 6
@@ -254,12 +254,6 @@ def find_vmas(address: int, nbytes: int, smaps_text: str | None = None) -> list[
     return out if covered >= end else []
 
 
-def find_vma(address: int, smaps_text: str | None = None) -> Vma | None:
-    """The VMA holding `address`."""
-    vmas = find_vmas(address, 1, smaps_text)
-    return vmas[0] if vmas else None
-
-
 @dataclass(frozen=True)
 class Placement:
     """How a tensor's bytes are placed, as far as the model can say (see the module docstring)."""
@@ -379,13 +373,3 @@ def tensor_placement(address: int, nbytes: int, smaps_text: str | None = None,
     phase = (p.interleave_index(address) % n) * page + address % page
     return Placement(page_bytes=page, phase=phase, backing="anonymous-private", valid=True,
                      reason="", vm_start=vma.start, vm_pgoff=pgoff, **base)
-
-
-def tensor_segments(address: int, N: int, K: int, elem_bytes: int, nodes: int,
-                    page_bytes: int = PAGE_4K, phase: int | None = None) -> SegmentPlan:
-    """Each node's element segments for a real tensor: the phase is the address's position in the
-    cycle (private anonymous memory in a VMA aligned to the page size), unless given."""
-    if phase is None:
-        phase = address % (page_bytes * nodes)
-    return local_segments(N, K, elem_bytes, nodes, page_bytes, phase)
-
