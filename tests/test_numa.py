@@ -49,6 +49,15 @@ def test_bad_input_raises_value_error(bad):
         nm.local_segments(**{"nodes": 2, **bad})
 
 
+def test_element_size_comes_from_the_dtype_table():
+    from hinabench import dtypes
+    assert nm.element_size("bf16") == dtypes.element_bytes("bf16") == 2
+    assert nm.element_size(3) == 3 and nm.element_size(1) == 1      # numbers pass as they are
+    assert nm.element_size("int8") == 1 and nm.element_size("fp32") == 4   # layout-only names
+    with pytest.raises(ValueError, match="unknown dtype 'q4'"):
+        nm.element_size("q4")
+
+
 # ---- properties, across shapes (multiples of 32), 1-8 nodes, both page sizes, random phases -----
 
 def _node_map(N, K, eb, nodes, page, phase):

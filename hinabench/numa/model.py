@@ -19,7 +19,9 @@ from typing import Iterable, NamedTuple
 PAGE_4K = 4096
 PAGE_2M = 2 * 1024 * 1024
 PAGE_SIZES = {"4k": PAGE_4K, "2m": PAGE_2M}
-ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "int8": 1, "fp32": 4}
+# Element sizes of storage formats the model lays out (`hinabench numa plan --dtype int8`) that the
+# weight dtype table, hinabench.dtypes, does not list; a name in that table always takes its size.
+LAYOUT_ONLY_ELEMENT_BYTES = {"fp16": 2, "fp32": 4, "int8": 1}
 PARTITIONS = ("hina", "row-split", "per-node-copy", "tp-split")
 
 
@@ -33,6 +35,28 @@ class Segment(NamedTuple):
 # ---------------------------------------------------------------------------------------------
 # Section 5.2: the placement function and its periods
 # ---------------------------------------------------------------------------------------------
+
+def element_size(dtype: int | str) -> int:
+    """Bytes per element of `dtype`: a number is returned as it is; a name is looked up in the dtype
+    table (hinabench.dtypes.element_bytes), else in LAYOUT_ONLY_ELEMENT_BYTES. ValueError for an
+    unknown name or one whose elements are not whole bytes."""
+    if not isinstance(dtype, str):
+        return dtype
+    from ..dtypes import DTYPES, element_bytes    # here, not at import: the table imports torch
+    from ..errors import UserError
+    try:
+        size = element_bytes(dtype)
+    except UserError:
+        key = dtype.strip().lower()
+        if key not in LAYOUT_ONLY_ELEMENT_BYTES:
+            raise ValueError(f"unknown dtype '{dtype}'; known: "
+                             f"{', '.join(sorted({*DTYPES, *LAYOUT_ONLY_ELEMENT_BYTES}))}") from None
+        return LAYOUT_ONLY_ELEMENT_BYTES[key]
+    if size <= 0 or size != int(size):
+        raise ValueError(f"dtype '{dtype}' has {size} bytes per element; the placement model needs "
+                         "whole bytes")
+    return int(size)
+
 
 def elements_per_page(page_bytes: int = PAGE_4K, elem_bytes: int = 2) -> int:
     """Elements per page: the paper's 2,048 (4 KiB / 2-byte bf16)."""
