@@ -15,6 +15,7 @@ from .linux import (MADV_HUGEPAGE, MADV_NOHUGEPAGE, MAP_ANONYMOUS, MAP_PRIVATE, 
                     MPOL_PREFERRED_MANY, MPOL_WEIGHTED_INTERLEAVE, PROT_READ, PROT_WRITE, Placement,
                     Vma, NumaApi, find_vmas, interleave_range, memory_nodes,
                     memory_policy, node_cpus, numa_api, page_nodes, parse_cpulist, parse_smaps, tensor_placement)
+from .placement import WeightMatrices, parse_policy, place_tensor, remote_model
 from .model import (LAYOUT_ONLY_ELEMENT_BYTES, PAGE_2M, PAGE_4K, PAGE_SIZES, PARTITIONS, KernelPlan, Segment,
                     SegmentPlan, element_size, elements_per_page, interleave_function, interleave_period,
                     local_segments, node_of, parse_page, plan_for_kernel, remote_fraction_model,
