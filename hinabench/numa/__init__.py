@@ -8,6 +8,7 @@
 
 The public names of these modules are re-exported here: `from hinabench import numa as nm`.
 """
+from . import kernel_plan
 from .experiment import check_placement
 from .linux import (MADV_HUGEPAGE, MADV_NOHUGEPAGE, MAP_ANONYMOUS, MAP_PRIVATE, MPOL_BIND,
                     MPOL_DEFAULT, MPOL_F_ADDR, MPOL_INTERLEAVE, MPOL_LOCAL, MPOL_MF_MOVE,
