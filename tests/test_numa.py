@@ -253,18 +253,33 @@ def test_move_pages_through_raw_syscalls_and_task_policy():
         libc.munmap(base, size)
 
 
-def test_torch_tensor_placement_is_modelled_or_refused_with_a_reason():
+def test_torch_tensor_placement_under_interleave_is_modelled():
+    """A torch tensor faulted in under an interleave task policy sits in private anonymous memory
+    (malloc: [heap] or an mmap chunk), so the detector models it: the policy and node set in force,
+    no reason, 4 KiB pages, and the kernel agrees page by page. Only with THP "always" may its VMA
+    mix 2 MiB and 4 KiB pages (or the tensor span VMAs with huge pages): then it must say so."""
     torch = pytest.importorskip("torch")
     with nm.memory_policy("interleave"):
         t = torch.empty(64, 4096, dtype=torch.bfloat16)
         t.fill_(1.0)
         p = nm.tensor_placement(t.data_ptr(), t.numel() * 2)
-    # malloc may put it in [heap] or an mmap chunk, next to transparent huge pages or not:
-    # the detector either models it or says why not -- never a silent guess
-    assert p.valid or p.reason
-    if p.valid:
-        addrs = list(range(t.data_ptr() // 4096 * 4096, t.data_ptr() + t.numel() * 2, 4096))
-        assert nm.page_nodes(addrs) == [p.model_node(a) for a in addrs]
+    assert p.policy == "interleave" and p.backing == "anonymous-private", p
+    assert p.node_ids == tuple(nm.memory_nodes())
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp_always = "[always]" in f.read()
+    except OSError:
+        thp_always = False
+    if thp_always and not p.valid:
+        assert "mixed page sizes" in p.reason or "several VMAs" in p.reason, p.reason
+        return
+    assert p.valid and p.reason == "", p.reason
+    if not thp_always:
+        assert p.page_bytes == 4096
+    if len(p.node_ids) == 1:
+        assert p.phase == t.data_ptr() % p.page_bytes      # one node: only the offset in the page
+    addrs = list(range(t.data_ptr() // 4096 * 4096, t.data_ptr() + t.numel() * 2, 4096))
+    assert nm.page_nodes(addrs) == [p.model_node(a) for a in addrs]
 
 
 def test_interleave_range_then_multithreaded_touch():
