@@ -32,10 +32,6 @@ class Segment(NamedTuple):
     y_end: int
 
 
-# ---------------------------------------------------------------------------------------------
-# Section 5.2: the placement function and its periods
-# ---------------------------------------------------------------------------------------------
-
 def element_size(dtype: int | str) -> int:
     """Bytes per element of `dtype`: a number is returned as it is; a name is looked up in the dtype
     table (hinabench.dtypes.element_bytes), else in LAYOUT_ONLY_ELEMENT_BYTES. ValueError for an
@@ -58,6 +54,10 @@ def element_size(dtype: int | str) -> int:
     return int(size)
 
 
+# ---------------------------------------------------------------------------------------------
+# Section 5.2: the placement function and its periods
+# ---------------------------------------------------------------------------------------------
+
 def elements_per_page(page_bytes: int = PAGE_4K, elem_bytes: int = 2) -> int:
     """Elements per page: the paper's 2,048 (4 KiB / 2-byte bf16)."""
     if page_bytes <= 0 or elem_bytes <= 0 or page_bytes % elem_bytes:
@@ -78,6 +78,7 @@ def _validate(N: int, K: int, elem_bytes: int, nodes: int, page_bytes: int, phas
     return (phase // elem_bytes) % (E * nodes)
 
 
+# Eq. 3 (Section 5.2): the interleave function f(x, y)
 def interleave_function(x: int, y: int, K: int, nodes: int, elem_bytes: int = 2,
                         page_bytes: int = PAGE_4K, phase: int = 0) -> int:
     """Eq. 3: f(x, y) = (phase + x*K + y) mod (E * N_numa), E elements per page, phase in bytes."""
@@ -85,6 +86,7 @@ def interleave_function(x: int, y: int, K: int, nodes: int, elem_bytes: int = 2,
     return (phase // elem_bytes + x * K + y) % (E * nodes)
 
 
+# Eq. 5: the node index of element (x, y)
 def node_of(x: int, y: int, K: int, nodes: int, elem_bytes: int = 2, page_bytes: int = PAGE_4K,
             phase: int = 0) -> int:
     """Eq. 5: element (x, y) is on node index id with id*E <= f(x, y) < (id + 1)*E."""
@@ -92,6 +94,7 @@ def node_of(x: int, y: int, K: int, nodes: int, elem_bytes: int = 2, page_bytes:
     return interleave_function(x, y, K, nodes, elem_bytes, page_bytes, phase) // E
 
 
+# Eq. 4: the periods T_x, T_y of f
 def interleave_period(K: int, nodes: int, elem_bytes: int = 2,
                       page_bytes: int = PAGE_4K) -> tuple[int, int]:
     """Eq. 4: (T_x, T_y) = (E*N_numa / gcd(K, E*N_numa), E*N_numa). Independent of the phase.
@@ -149,6 +152,7 @@ class SegmentPlan:
         return d
 
 
+# Section 5.2's S_index: Eq. 4's periods, then Eq. 5 per row of the first period
 def local_segments(N: int, K: int, elem_bytes: int = 2, nodes: int = 2,
                    page_bytes: int = PAGE_4K, phase: int = 0) -> SegmentPlan:
     """Section 5.2 in two steps: the periods (Eq. 4), then each node's segments for x < T_x (Eq. 5).
@@ -167,6 +171,7 @@ def local_segments(N: int, K: int, elem_bytes: int = 2, nodes: int = 2,
                        tuple(tuple(s) for s in per_node))
 
 
+# Algorithm 2's input: S_index as plain ints
 @dataclass(frozen=True)
 class KernelPlan:
     """What the NUMA-partitioned kernel needs (Algorithm 2): per node, S_index = [(x, y_start,
@@ -207,6 +212,7 @@ def parse_page(page: int | str) -> int:
     return PAGE_SIZES[key]
 
 
+# Section 5.2's claim: the nodes' segments tile the weight exactly once
 def tiling_errors(plan: SegmentPlan) -> list[str]:
     """Empty if the nodes' segments tile [N, K] exactly once; else what is wrong.
 
@@ -245,6 +251,7 @@ def _rows_with_residue(r0: int, r1: int, r: int, T: int) -> int:
     return upto(r1) - upto(r0)
 
 
+# Figure 15's remote fraction, modelled: Eq. 5 per byte, for each partition
 def remote_fraction_model(partition: str, N: int, K: int, elem_bytes: int = 2, nodes: int = 2,
                           page_bytes: int = PAGE_4K, phase: int = 0) -> float:
     """Fraction of an [N, K] weight's bytes that the partition's threads read from a remote node.
