@@ -13,6 +13,10 @@ from rich.table import Table
 
 from . import numa as nm
 
+# --dtype: the weight dtype table's names (hinabench.dtypes; not imported here: it imports torch,
+# which the CLI's start-up does without) and the model's layout-only ones; sizes from nm.element_size.
+DTYPE_CHOICES = tuple(sorted({"bf16", *nm.LAYOUT_ONLY_ELEMENT_BYTES}))
+
 
 class BadInput(click.ClickException):
     """Bad input: one line ("Error: ..."), exit status 2 like a usage error, no traceback."""
@@ -33,7 +37,7 @@ def _nodes_list(value: str) -> list[int] | None:
     if value in (None, "", "all"):
         return None
     try:
-        return nm._parse_list(value)
+        return nm.parse_cpulist(value)
     except ValueError:
         raise BadInput(f"--nodes must be 'all' or a list like 0,1 or 0-3 (got '{value}')")
 
@@ -62,7 +66,7 @@ def numa():
 @numa.command()
 @click.option("--shape", required=True, help="weight [N, K] as NxK (K: the reduction dimension)")
 @click.option("--nodes", "nodes", type=int, default=2, show_default=True, help="NUMA nodes")
-@click.option("--dtype", type=click.Choice(sorted(nm.ELEMENT_BYTES)), default="bf16",
+@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="bf16",
               show_default=True)
 @click.option("--page", type=click.Choice(sorted(nm.PAGE_SIZES)), default="4k", show_default=True)
 @click.option("--phase", type=int, default=0, show_default=True,
@@ -75,7 +79,7 @@ def plan(shape, nodes, dtype, page, phase, max_rows, as_json):
     N, K = _shape(shape)
     if nodes < 1:
         raise BadInput(f"--nodes must be at least 1 (got {nodes})")
-    eb = nm.ELEMENT_BYTES[dtype]
+    eb = nm.element_size(dtype)
     try:
         p = nm.local_segments(N, K, eb, nodes, nm.PAGE_SIZES[page], phase)
         rf = {part: nm.remote_fraction_model(part, N, K, eb, nodes, nm.PAGE_SIZES[page], phase)
@@ -103,7 +107,7 @@ def plan(shape, nodes, dtype, page, phase, max_rows, as_json):
 @click.option("--shape", default="1024x6144", show_default=True, help="weight [N, K] as NxK")
 @click.option("--nodes", "nodes", default="all", show_default=True,
               help="nodes to interleave over: 'all' or a list like 0,1")
-@click.option("--dtype", type=click.Choice(sorted(nm.ELEMENT_BYTES)), default="bf16",
+@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="bf16",
               show_default=True)
 @click.option("--page", type=click.Choice(sorted(nm.PAGE_SIZES)), default="4k", show_default=True,
               help="2m: 2 MiB-aligned buffer with MADV_HUGEPAGE (the page size seen is reported)")
@@ -114,7 +118,7 @@ def check(shape, nodes, dtype, page, virtual_nodes, as_json):
     """Allocate a weight under MPOL_INTERLEAVE, ask the kernel where each page is (move_pages),
     and compare with the placement model."""
     N, K = _shape(shape)
-    eb = nm.ELEMENT_BYTES[dtype]
+    eb = nm.element_size(dtype)
     node_list = _nodes_list(nodes)
     if virtual_nodes is not None and virtual_nodes < 1:
         raise BadInput(f"--virtual-nodes must be at least 1 (got {virtual_nodes})")

@@ -49,6 +49,15 @@ def test_bad_input_raises_value_error(bad):
         nm.local_segments(**{"nodes": 2, **bad})
 
 
+def test_element_size_comes_from_the_dtype_table():
+    from hinabench import dtypes
+    assert nm.element_size("bf16") == dtypes.element_bytes("bf16") == 2
+    assert nm.element_size(3) == 3 and nm.element_size(1) == 1      # numbers pass as they are
+    assert nm.element_size("int8") == 1 and nm.element_size("fp32") == 4   # layout-only names
+    with pytest.raises(ValueError, match="unknown dtype 'q4'"):
+        nm.element_size("q4")
+
+
 # ---- properties, across shapes (multiples of 32), 1-8 nodes, both page sizes, random phases -----
 
 def _node_map(N, K, eb, nodes, page, phase):
@@ -224,7 +233,7 @@ def test_move_pages_every_page_on_this_machines_node():
 
 def test_move_pages_through_raw_syscalls_and_task_policy():
     """Task policy (what numactl --interleave sets), raw syscalls (no libnuma)."""
-    api = nm._Numa(use_libnuma=False)
+    api = nm.NumaApi(use_libnuma=False)
     libc = api.libc
     size = 128 * 4096
     base = libc.mmap(None, size, nm.PROT_READ | nm.PROT_WRITE, nm.MAP_PRIVATE | nm.MAP_ANONYMOUS,
@@ -244,18 +253,33 @@ def test_move_pages_through_raw_syscalls_and_task_policy():
         libc.munmap(base, size)
 
 
-def test_torch_tensor_placement_is_modelled_or_refused_with_a_reason():
+def test_torch_tensor_placement_under_interleave_is_modelled():
+    """A torch tensor faulted in under an interleave task policy sits in private anonymous memory
+    (malloc: [heap] or an mmap chunk), so the detector models it: the policy and node set in force,
+    no reason, 4 KiB pages, and the kernel agrees page by page. Only with THP "always" may its VMA
+    mix 2 MiB and 4 KiB pages (or the tensor span VMAs with huge pages): then it must say so."""
     torch = pytest.importorskip("torch")
     with nm.memory_policy("interleave"):
         t = torch.empty(64, 4096, dtype=torch.bfloat16)
         t.fill_(1.0)
         p = nm.tensor_placement(t.data_ptr(), t.numel() * 2)
-    # malloc may put it in [heap] or an mmap chunk, next to transparent huge pages or not:
-    # the detector either models it or says why not -- never a silent guess
-    assert p.valid or p.reason
-    if p.valid:
-        addrs = list(range(t.data_ptr() // 4096 * 4096, t.data_ptr() + t.numel() * 2, 4096))
-        assert nm.page_nodes(addrs) == [p.model_node(a) for a in addrs]
+    assert p.policy == "interleave" and p.backing == "anonymous-private", p
+    assert p.node_ids == tuple(nm.memory_nodes())
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp_always = "[always]" in f.read()
+    except OSError:
+        thp_always = False
+    if thp_always and not p.valid:
+        assert "mixed page sizes" in p.reason or "several VMAs" in p.reason, p.reason
+        return
+    assert p.valid and p.reason == "", p.reason
+    if not thp_always:
+        assert p.page_bytes == 4096
+    if len(p.node_ids) == 1:
+        assert p.phase == t.data_ptr() % p.page_bytes      # one node: only the offset in the page
+    addrs = list(range(t.data_ptr() // 4096 * 4096, t.data_ptr() + t.numel() * 2, 4096))
+    assert nm.page_nodes(addrs) == [p.model_node(a) for a in addrs]
 
 
 def test_interleave_range_then_multithreaded_touch():

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
 
-from hinabench.numa_cli import numa
+from hinabench import numa as nm
+from hinabench.numa_cli import DTYPE_CHOICES, numa
 
 
 def run(*args):
@@ -82,3 +85,17 @@ def test_check_runs_the_kernel_with_virtual_nodes(nodes):
     assert k["rel_err"] < 2e-2
     r = run("check", "--shape", "256x6144", "--virtual-nodes", str(nodes))
     assert r.exit_code == 0 and "bit-identical True" in r.output
+
+
+def test_dtype_choices_are_the_dtype_tables_and_resolve():
+    from hinabench import dtypes
+    whole = {n for n, d in dtypes.DTYPES.items() if d.element_bytes == int(d.element_bytes)}
+    assert whole <= set(DTYPE_CHOICES)
+    assert all(nm.element_size(d) >= 1 for d in DTYPE_CHOICES)
+
+
+def test_numa_cli_and_package_import_without_torch():
+    """`hinabench` starts up without torch: the numa group and the package must not pull it in."""
+    code = "import sys, hinabench.numa_cli, hinabench.numa; assert 'torch' not in sys.modules"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
