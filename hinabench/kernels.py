@@ -144,129 +144,26 @@ def _check_weight(name: str, w: torch.Tensor, shape: tuple[int, int, int]) -> No
         raise ValueError(f"{name} has negative strides {w.stride()}")
 
 
-# ---- NUMA mode (Section 5): plans for the C++ side ---------------------------------------------------
-NUMA_MODES = ("auto", "off", "interleave-partitioned")
-_last_numa: dict = {"mode": "off"}
+def _check_tokens(x: torch.Tensor, K: int, name: str) -> int:
+    """x must be [T, K] bf16 on the CPU with contiguous rows (any row stride); returns T."""
+    if not (isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == K):
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)
+        raise ValueError(f"x must be [T, {name}={K}] (got {got})")
+    if not (x.device.type == "cpu" and x.dtype == torch.bfloat16):
+        raise ValueError("x must be a bfloat16 CPU tensor")
+    if not (x.stride(1) == 1 and (x.shape[0] <= 1 or x.stride(0) >= K)):
+        raise ValueError(f"x rows must be contiguous (stride {x.stride()})")
+    return int(x.shape[0])
 
 
-@functools.lru_cache(maxsize=1)
-def _real_nodes() -> tuple[int, ...]:
-    from . import numa
-    return tuple(numa.memory_nodes())
-
-
-@functools.lru_cache(maxsize=256)
-def _placement(address: int, nbytes: int):
-    from . import numa
-    return numa.tensor_placement(address, nbytes)
-
-
-@functools.lru_cache(maxsize=4096)
-def _segments(N: int, ldw: int, K: int, nodes: int, page_bytes: int, phase: int):
-    """(T_x, per-node ((x, y_start, y_end), ...)) for an [N, ldw] row-major matrix, clipped to y < K."""
-    from . import numa
-    p = numa.plan_for_kernel(N, ldw, nodes, page=page_bytes, phase=phase)
-    segs = tuple(tuple((x, y0, min(y1, K)) for x, y0, y1 in node if y0 < K) for node in p.s_index)
-    return p.T_x, segs
-
-
-def _storage_span(w: torch.Tensor) -> tuple[int, int]:
-    st = w.untyped_storage()
-    return st.data_ptr(), st.nbytes()
-
-
-_PLAN_CACHE: dict = {}
-
-
-def _numa_plans(mats, E: int, nodes: int, page_bytes: int, placements):
-    """Flat arrays for the kernel: mat_plan [3E], plan_hdr [P, 4], seg_off, segs (int tensors).
-    mats = (w_gate, w_up, w_down) [E, N, K] views; placements[i] = (storage start, phase of that
-    start in the interleave cycle) or None (virtual: the phase is the address's)."""
-    key = (tuple((m.data_ptr(), tuple(m.shape), tuple(m.stride())) for m in mats), nodes, page_bytes,
-           placements)
-    hit = _PLAN_CACHE.get(key)
-    if hit is not None:
-        return hit
-    cycle = page_bytes * nodes
-    plan_ids: dict = {}
-    hdr: list[int] = []
-    seg_off: list[int] = []
-    segs: list[int] = []
-    mat_plan: list[int] = []
-    for kind, m in enumerate(mats):
-        _, N, K = (int(v) for v in m.shape)
-        es, ldw = int(m.stride(0)), int(m.stride(1))
-        for e in range(E):
-            addr = m.data_ptr() + 2 * e * es
-            if placements[kind] is None:
-                phase = addr % cycle
-            else:
-                start, start_phase = placements[kind]
-                phase = (start_phase + addr - start) % cycle
-            pkey = (N, ldw, K, phase)
-            if pkey not in plan_ids:
-                T_x, per_node = _segments(N, max(ldw, K), K, nodes, page_bytes, phase)
-                plan_ids[pkey] = len(plan_ids)
-                hdr.extend((T_x, phase, page_bytes, len(seg_off)))
-                for node in per_node:
-                    seg_off.append(len(segs) // 3)
-                    for t in node:
-                        segs.extend(t)
-                seg_off.append(len(segs) // 3)
-            mat_plan.append(plan_ids[pkey])
-    out = (torch.tensor(mat_plan, dtype=torch.int32), torch.tensor(hdr, dtype=torch.int64),
-           torch.tensor(seg_off, dtype=torch.int32), torch.tensor(segs or [0, 0, 0], dtype=torch.int32))
-    if len(_PLAN_CACHE) > 64:
-        _PLAN_CACHE.clear()
-    _PLAN_CACHE[key] = out
-    return out
-
-
-def _numa_setup(numa: str, numa_nodes: int | None, numa_page: str | None, mats):
-    """None (run plain) or (nodes, plan arrays, node_cpus, info) for the partitioned kernel."""
-    if numa not in NUMA_MODES:
-        raise ValueError(f"numa must be one of {', '.join(NUMA_MODES)} (got {numa!r})")
-    if numa == "off":
-        return None
-    from . import numa as numa_mod
-    real = _real_nodes()
-    if numa_nodes is not None and not (isinstance(numa_nodes, int) and numa_nodes >= 1):
-        raise ValueError(f"numa_nodes must be a positive int (got {numa_nodes!r})")
-    virtual = numa_nodes is not None and numa_nodes != len(real)
-    if numa == "auto" and numa_nodes is None and len(real) < 2:
-        return None  # one node: nothing to partition (cheap: no smaps read)
-    nodes = numa_nodes or len(real)
-    placements, page, reason = [None, None, None], numa_page, ""
-    cpus: list[list[int]] = []
-    if not virtual:
-        pls = [_placement(*_storage_span(m)) for m in mats]
-        ok = all(p.valid and len(p.node_ids) == nodes for p in pls)
-        if numa == "auto" and not (ok and nodes >= 2):
-            return None
-        if ok and len({p.page_bytes for p in pls}) == 1:
-            page = page or pls[0].page_bytes
-            placements = [(_storage_span(m)[0], p.phase) for m, p in zip(mats, pls)]
-            node_ids = pls[0].node_ids
-        else:
-            reason = "; ".join(sorted({p.reason or "page sizes differ" for p in pls if not p.valid} or
-                                      {"placements differ"}))
-            reason = f"placement model invalid ({reason}): segments from the address model"
-            node_ids = real
-        for n in node_ids:
-            try:
-                cpus.append(numa_mod.node_cpus(n))
-            except OSError:
-                cpus.append([])
-    page_bytes = numa_mod.parse_page(page or "4k")
-    arrays = _numa_plans(mats, int(mats[0].shape[0]), nodes, page_bytes, tuple(placements))
-    info = {"mode": "interleave-partitioned", "nodes": nodes, "virtual": virtual,
-            "page_bytes": page_bytes, "bound": bool(cpus and any(cpus)), "reason": reason}
-    return nodes, arrays, cpus, info
+# ---- NUMA mode (Section 5): the plan arrays come from hinabench.numa.kernel_plan ----------------------
+from .numa.kernel_plan import NUMA_MODES  # noqa: E402  (re-exported: the modes moe_ffn accepts)
 
 
 def numa_last_call() -> dict:
     """How the last moe_ffn call ran: mode, nodes, virtual, page_bytes, bound, reason."""
-    return dict(_last_numa)
+    from .numa import kernel_plan
+    return kernel_plan.last_call()
 
 
 def numa_debug(enabled: bool, isa: str = "auto") -> None:
@@ -309,14 +206,7 @@ def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | N
         raise ValueError(f"H={H} and I={I} must be multiples of {SHAPE_MULTIPLE} (the AMX tile's k_r = 32; "
                          "this kernel has no tail code for other shapes)")
     # ---- activations and routing -------------------------------------------------------------------
-    if not (isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == H):
-        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)
-        raise ValueError(f"x must be [T, H={H}] (got {got})")
-    if not (x.device.type == "cpu" and x.dtype == torch.bfloat16):
-        raise ValueError("x must be a bfloat16 CPU tensor")
-    if not (x.stride(1) == 1 and (x.shape[0] <= 1 or x.stride(0) >= H)):
-        raise ValueError(f"x rows must be contiguous (stride {x.stride()})")
-    T = int(x.shape[0])
+    T = _check_tokens(x, H, "H")
     if not (isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 and topk_ids.shape[0] == T):
         raise ValueError(f"topk_ids must be [T={T}, k]")
     if not (topk_ids.dtype in (torch.int32, torch.int64)):
@@ -339,7 +229,8 @@ def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | N
         raise ValueError(f"threads must be >= 1 (got {threads})")
     ldx = x.stride(0) if T > 1 else H
     mod = _MODULES.get(isa) or _MODULES.setdefault(isa, _module(isa))
-    setup = None if numa == "off" else _numa_setup(numa, numa_nodes, numa_page, (w_gate, w_up, w_down))
+    from .numa import kernel_plan
+    setup = None if numa == "off" else kernel_plan.setup(numa, numa_nodes, numa_page, (w_gate, w_up, w_down))
     args = (x.data_ptr(), T, H, I, ldx,
             w_gate.data_ptr(), w_gate.stride(0), w_gate.stride(1),
             w_up.data_ptr(), w_up.stride(0), w_up.stride(1),
@@ -348,13 +239,11 @@ def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | N
     if setup is None:
         if numa not in NUMA_MODES:
             raise ValueError(f"numa must be one of {', '.join(NUMA_MODES)} (got {numa!r})")
-        _last_numa.clear()
-        _last_numa["mode"] = "off"
+        kernel_plan.record({"mode": "off"})
         mod.moe_ffn(*args)  # raises ValueError for an expert id outside [0, E)
         return out
     nodes, (mat_plan, hdr, seg_off, segs), cpus, info = setup
-    _last_numa.clear()
-    _last_numa.update(info)
+    kernel_plan.record(info)
     mod.moe_ffn(*args, numa_nodes=nodes, mat_plan=mat_plan.data_ptr(), plan_hdr=hdr.data_ptr(),
                 seg_off=seg_off.data_ptr(), segs=segs.data_ptr(), node_cpus=cpus)
     return out
@@ -377,14 +266,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, isa: str = "auto", threads: int 
                          "weights in place and never copies them")
     if not (N > 0 and K > 0 and N % SHAPE_MULTIPLE == 0 and K % SHAPE_MULTIPLE == 0):
         raise ValueError(f"N={N} and K={K} must be positive multiples of {SHAPE_MULTIPLE} (no tail code)")
-    if not (isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == K):
-        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)
-        raise ValueError(f"x must be [T, K={K}] (got {got})")
-    if not (x.device.type == "cpu" and x.dtype == torch.bfloat16):
-        raise ValueError("x must be a bfloat16 CPU tensor")
-    if not (x.stride(1) == 1 and (x.shape[0] <= 1 or x.stride(0) >= K)):
-        raise ValueError(f"x rows must be contiguous (stride {x.stride()})")
-    T = int(x.shape[0])
+    T = _check_tokens(x, K, "K")
     out = torch.empty(T, N, dtype=torch.bfloat16)
     if T == 0:
         return out

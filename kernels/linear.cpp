@@ -23,6 +23,7 @@
 
 #include "moe_ffn.h"
 #include "numa_partition.h"
+#include "task_errors.h"
 
 namespace py = pybind11;
 
@@ -57,14 +58,8 @@ void run_linear(const bf16_t* x, int64_t T, int64_t K, int64_t ldx, const bf16_t
   while (nb > kShapeMultiple && (N + nb - 1) / nb < 4 * int64_t(threads)) nb /= 2;
   nb = std::max(nb - nb % kShapeMultiple, kShapeMultiple);
 
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto guarded = [&](auto&& fn) {
-    try { fn(); } catch (...) {
-      std::lock_guard<std::mutex> g(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  };
+  FirstError first_error;
+  auto guarded = [&](auto&& fn) { first_error.guard(fn); };
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp single
@@ -100,7 +95,7 @@ void run_linear(const bf16_t* x, int64_t T, int64_t K, int64_t ldx, const bf16_t
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < T * N; ++i) out[i] = f32_to_bf16(y[i]);
   }
-  if (error) std::rethrow_exception(error);
+  first_error.rethrow();
 }
 
 }  // namespace

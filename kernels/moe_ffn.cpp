@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "numa_partition.h"
+#include "task_errors.h"
 #if !defined(HINA_EMU_AMX) && !defined(HINA_EMU_AVX512)
 #include "common.h"  // isa_usable (cpu.cpp)
 #endif
@@ -224,14 +225,8 @@ void run_moe(const MoeArgs& a, const MicroKernel& mk, int threads, const NumaPla
   }
 
   // Exceptions (e.g. the tile emulator's #GP/#UD) must not cross the OpenMP region: keep the first.
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto guarded = [&](auto&& fn) {
-    try { fn(); } catch (...) {
-      std::lock_guard<std::mutex> g(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  };
+  FirstError first_error;
+  auto guarded = [&](auto&& fn) { first_error.guard(fn); };
 
 #pragma omp parallel num_threads(threads)
   {
@@ -358,7 +353,7 @@ void run_moe(const MoeArgs& a, const MicroKernel& mk, int threads, const NumaPla
       }
     }
   }
-  if (error) std::rethrow_exception(error);
+  first_error.rethrow();
   if (stats) numa_stats_finish({&work_gu, &work_down});
 }
 

@@ -13,17 +13,8 @@ from hinabench.harness.store import COLUMNS, ResultStore, rank_rows
 from hinabench.machine.sysinfo import llc_bytes
 from hinabench.problems import FFNProblem
 
-FAST = ["--model", "qwen3-30b-a3b", "--backends", "torch", "--rounds", "1", "--min-time", "0.01",
-        "--warmup", "1", "--threads", "1"]
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
-
-def read_rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+from clihelp import FAST, invoke
+from clihelp import read_csv as read_rows
 
 
 def test_ffn_writes_validated_rows_with_roofline(tmp_results):

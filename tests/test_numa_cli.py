@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from hinabench import numa as nm
-from hinabench.numa_cli import DTYPE_CHOICES, numa
+from hinabench.cli.numa import DTYPE_CHOICES, numa
 
 
 def run(*args):
@@ -96,6 +96,6 @@ def test_dtype_choices_are_the_dtype_tables_and_resolve():
 
 def test_numa_cli_and_package_import_without_torch():
     """`hinabench` starts up without torch: the numa group and the package must not pull it in."""
-    code = "import sys, hinabench.numa_cli, hinabench.numa; assert 'torch' not in sys.modules"
+    code = "import sys, hinabench.cli.numa, hinabench.numa; assert 'torch' not in sys.modules"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from hinabench import perf
+from hinabench.machine import perf
 
 # Fixtures written from perf-stat(1) "CSV FORMAT": value;unit;event;run-time;percentage;
 # [metric value;metric unit] -- plus the optional leading timestamp (-I) and aggregation id (-A),

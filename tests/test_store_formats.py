@@ -1,5 +1,4 @@
 """The results store under damage and re-runs, every renderer, suite validation, `hinabench linear`."""
-import csv
 import json
 
 import pytest
@@ -9,17 +8,8 @@ from hinabench.cli import cli
 from hinabench.harness.store import ResultStore, read_rows
 from hinabench.report.render import FORMATS
 
-FAST = ["--model", "qwen3-30b-a3b", "--backends", "torch", "--rounds", "1", "--min-time", "0.01",
-        "--warmup", "1", "--threads", "1"]
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
-
-def csv_rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+from clihelp import FAST, invoke
+from clihelp import read_csv as csv_rows
 
 
 @pytest.fixture(scope="module")

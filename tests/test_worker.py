@@ -1,5 +1,5 @@
 """The worker protocol and crash isolation, for real: workers in the main environment (the `selftest`
-peer of hinabench/worker.py) that compute, kill themselves with SIGILL or SIGKILL, hang, or raise."""
+peer of hinabench/worker/protocol.py) that compute, kill themselves with SIGILL or SIGKILL, hang, or raise."""
 import json
 import os
 import subprocess

@@ -16,9 +16,14 @@ def register(cls: type[Backend]) -> type[Backend]:
     return cls
 
 
+_LOADED: list[bool] = []
+
+
 def _load() -> None:
-    if REGISTRY or IMPORT_ERRORS:
+    """Import every backend module once (a module imported on its own registers only itself)."""
+    if _LOADED:
         return
+    _LOADED.append(True)
     for mod in _MODULES:
         try:
             importlib.import_module(f"{__name__}.{mod}")

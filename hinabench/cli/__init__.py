@@ -74,12 +74,11 @@ def cli():
 
 def _attach() -> None:
     # Imported here (not lazily swallowed): a broken module is an error, not a vanished command.
-    from . import env, machine, results, run
-    from ..numa_cli import numa
+    from . import env, machine, numa, results, run
     for mod in (machine, run, results):
         for c in mod.COMMANDS:
             cli.add_command(c)
-    cli.add_command(numa)
+    cli.add_command(numa.numa)
     cli.add_command(env.env)
 
 

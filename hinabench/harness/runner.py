@@ -204,7 +204,8 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
         from ..machine.perf import unsupported_row
         for t in todo:
             if t.row.get("perf_status") is None:
-                t.row.update(unsupported_row(f"not counted: backend
+                t.row.update(unsupported_row(f"not counted: backend status {t.row.get('status')}"))
+
     # -- statistics, roofline, storage
     peak, unit = peak_gflops(threads)
     rows = []

@@ -285,23 +285,6 @@ def load_frame(paths, problems: list[str] | None = None, latest: bool = True):
     return df
 
 
-def load_frame(paths):
-    """Stored rows from one or more files (CSV or Parquet) as one DataFrame, numbers as numbers."""
-    import pandas as pd
-    frames = []
-    for p in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
-        p = Path(p)
-        if not p.exists():
-            raise UserError(f"no results file at {p}")
-        frames.append(pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p))
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
-    for c in ("tokens_per_expert", "experts", "threads", "median_ms", "min_ms", "p10_ms", "p90_ms",
-              "mad_ms", "roofline_ms", "gbps", "pct_bw", "efficiency", "rel_err", "read_gbps"):
-        if c in df:
-            df[c] = pd.to_numeric(df[c], errors="coerce")
-    return df
-
-
 def read_rows(paths, problems: list[str] | None = None, latest: bool = True) -> list[dict]:
     """Stored rows of one or more files (CSV or Parquet) as dicts, in file order; NaN as None
     (see load_frame for `problems` and `latest`)."""

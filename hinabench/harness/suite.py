@@ -219,12 +219,12 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
     store.open_for_append()
     err = _console_err()
     if store.repaired:
-        err.print(f"[yellow]note:[/] {store.repaired}", highlight=False)
+        click.echo(f"hinabench: note: {store.repaired}", err=True)
     skip = store.done_keys() if resume else set()
     if existed and not resume:
-        err.print(f"[yellow]note:[/] {store.path} has rows already: this run appends its own (run id "
-                  f"in every row); readers show the latest run of each point, `hinabench show --all` every run",
-                  highlight=False)
+        click.echo(f"hinabench: note: {store.path} has rows already: this run appends its own (run id in "
+                   f"every row); readers show the latest run of each point, `hinabench show --all` every run",
+                   err=True)
     if resume and names and all(pt.key(n) in skip for pt in points for n in names):
         click.echo(f"hinabench: nothing to do: all {len(points) * len(names)} row(s) of this sweep are "
                    f"already in {store.path}", err=True)

@@ -40,7 +40,8 @@ def read_cpuinfo() -> str:
 
 
 def parse_cpulist(text: str) -> list[int]:
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (sysfs cpulist / node lists)."""
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]: the sysfs / procfs list format (cpulist, has_memory,
+    Mems_allowed_list, Cpus_allowed_list). Raises ValueError for anything else."""
     out: list[int] = []
     for part in filter(None, text.strip().split(",")):
         a, _, b = part.partition("-")

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from .model import PAGE_2M, PAGE_4K
+from ..machine.cpuinfo import parse_cpulist  # the one CPU-list parser
 
 MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL = 0, 1, 2, 3, 4
 MPOL_PREFERRED_MANY, MPOL_WEIGHTED_INTERLEAVE = 5, 6
@@ -51,18 +52,6 @@ MADV_HUGEPAGE, MADV_NOHUGEPAGE = 14, 15
 _MASK_WORDS = 16                                  # 1024 node bits, >= any MAX_NUMNODES we meet
 _SYSCALLS = {"x86_64": {"mbind": 237, "set_mempolicy": 238, "get_mempolicy": 239, "move_pages": 279},
              "aarch64": {"mbind": 235, "get_mempolicy": 236, "set_mempolicy": 237, "move_pages": 239}}
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """'0-3,8' -> [0, 1, 2, 3, 8]: the sysfs / procfs list format (cpulist, has_memory,
-    Mems_allowed_list, Cpus_allowed_list). Raises ValueError for anything else."""
-    out: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        a, _, b = part.partition("-")
-        out.extend(range(int(a), int(b or a) + 1))
-    return out
 
 
 def memory_nodes() -> list[int]:

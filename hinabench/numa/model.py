@@ -292,7 +292,7 @@ def remote_fraction_model_ffn(partition: str, hidden: int, intermediate: int, ex
                               elem_bytes: int = 2, nodes: int = 2, page_bytes: int = PAGE_4K,
                               phase: int = 0) -> float:
     """Byte-weighted remote fraction over an FFN's w13 [E, 2I, H] and w_down [E, H, I] (row-major,
-    as hinabench.problem stores them): each expert's matrix is partitioned on its own, at the phase
+    as hinabench.problems.ffn stores them): each expert's matrix is partitioned on its own, at the phase
     its offset in the contiguous storage gives it. w13 starts at `phase`, w_down at phase 0
     (a separate allocation; pass the real phases via tensor_placement for a measured layout)."""
     total = remote = 0.0

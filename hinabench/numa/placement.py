@@ -58,7 +58,7 @@ def remote_model(policy: str, partition: str, matrices: Iterable[tuple],
     `matrices`: the weights one call reads, as WeightMatrices (or plain tuples in its field order);
     each matrix is partitioned on its own and the fractions are weighted by bytes. `placement`: a
     Placement.as_row() dict (placement_model_valid, placement_reason, placement_page_bytes,
-    placement_phase). For an FFN as hinabench.problem stores it (w13 [E, 2I, H], then w_down
+    placement_phase). For an FFN as hinabench.problems.ffn stores it (w13 [E, 2I, H], then w_down
     [E, H, I] in a separate allocation) the matrices are
     [(A, 2I, H, dtype), (A, H, I, dtype, 0)]: remote_fraction_model_ffn's numbers.
     Returns {work_partition, remote_fraction_model, remote_fraction_basis}."""

@@ -64,13 +64,14 @@ class FFNProblem(Problem):
         return p
 
     @classmethod
-    def custom(cls, hidden_size: int, intermediate_size: int, tokens: int, active_experts: int,
-               routed_experts: int | None = None, dtype: str = "bf16", seed: int = 0,
-               routing: str = "same-experts") -> "FFNProblem":
+    def custom(cls, hidden_size: int, intermediate_size: int, tokens: int | None = None,
+               active_experts: int = 1, routed_experts: int | None = None, dtype: str = "bf16",
+               seed: int = 0, routing: str = "same-experts", *,
+               tokens_per_expert: int | None = None) -> "FFNProblem":
         """A problem on a made-up shape (tests, random shapes)."""
         m = Model(f"custom-{hidden_size}x{intermediate_size}", hidden_size, intermediate_size,
                   routed_experts or active_experts, active_experts, 0, 1, 1, 1, 1, 1, "made up")
-        return cls.create(m, tokens, active_experts, dtype, seed, routing)
+        return cls.create(m, tokens, active_experts, dtype, seed, routing, tokens_per_expert=tokens_per_expert)
 
     def validate(self) -> None:
         if self.tokens < 1:

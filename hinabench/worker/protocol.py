@@ -13,7 +13,7 @@ on stdin, one reply per line on stdout; no pickle, no tensors but the validation
   {"v":1, "op":"close"}                      -> {"ok":true}; the worker exits
 Any error: {"ok":false, "status":"unsupported"|"failed", "reason":"..."}.
 
-The worker rebuilds the problem from its seed with `hinabench.problem.materialize` (the same bits as
+The worker rebuilds the problem from its seed with `Problem.materialize` (hinabench/problems) (the same bits as
 the harness's, whatever torch this env has), so no weights cross the pipe; it times its own calls with
 `hinabench.measure.measure_round`, with a read probe over its own weight buffers in its own process.
 

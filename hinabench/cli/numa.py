@@ -11,25 +11,21 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from . import numa as nm
+from .. import numa as nm
+from ..errors import UserError
 
 # --dtype: the weight dtype table's names (hinabench.dtypes; not imported here: it imports torch,
 # which the CLI's start-up does without) and the model's layout-only ones; sizes from nm.element_size.
 DTYPE_CHOICES = tuple(sorted({"bf16", *nm.LAYOUT_ONLY_ELEMENT_BYTES}))
 
 
-class BadInput(click.ClickException):
-    """Bad input: one line ("Error: ..."), exit status 2 like a usage error, no traceback."""
-    exit_code = 2
-
-
 def _shape(value: str) -> tuple[int, int]:
     m = re.fullmatch(r"\s*(-?\d+)\s*[xX*,]\s*(-?\d+)\s*", value or "")
     if not m:
-        raise BadInput(f"--shape must look like NxK, e.g. 14336x4096 (got '{value}')")
+        raise UserError(f"--shape must look like NxK, e.g. 14336x4096 (got '{value}')")
     N, K = int(m.group(1)), int(m.group(2))
     if N < 1 or K < 1:
-        raise BadInput(f"--shape needs positive N and K (got {N}x{K})")
+        raise UserError(f"--shape needs positive N and K (got {N}x{K})")
     return N, K
 
 
@@ -39,7 +35,7 @@ def _nodes_list(value: str) -> list[int] | None:
     try:
         return nm.parse_cpulist(value)
     except ValueError:
-        raise BadInput(f"--nodes must be 'all' or a list like 0,1 or 0-3 (got '{value}')")
+        raise UserError(f"--nodes must be 'all' or a list like 0,1 or 0-3 (got '{value}')")
 
 
 def _segments_table(plan: nm.SegmentPlan, title: str) -> Table:
@@ -78,14 +74,14 @@ def plan(shape, nodes, dtype, page, phase, max_rows, as_json):
     """Periods T_x, T_y (Eq. 4) and each node's segments in the first period of x (Eq. 5)."""
     N, K = _shape(shape)
     if nodes < 1:
-        raise BadInput(f"--nodes must be at least 1 (got {nodes})")
+        raise UserError(f"--nodes must be at least 1 (got {nodes})")
     eb = nm.element_size(dtype)
     try:
         p = nm.local_segments(N, K, eb, nodes, nm.PAGE_SIZES[page], phase)
         rf = {part: nm.remote_fraction_model(part, N, K, eb, nodes, nm.PAGE_SIZES[page], phase)
               for part in nm.PARTITIONS}
     except ValueError as e:
-        raise BadInput(str(e))
+        raise UserError(str(e))
     if as_json:
         d = p.to_dict()
         d["dtype"] = dtype
@@ -121,7 +117,7 @@ def check(shape, nodes, dtype, page, virtual_nodes, as_json):
     eb = nm.element_size(dtype)
     node_list = _nodes_list(nodes)
     if virtual_nodes is not None and virtual_nodes < 1:
-        raise BadInput(f"--virtual-nodes must be at least 1 (got {virtual_nodes})")
+        raise UserError(f"--virtual-nodes must be at least 1 (got {virtual_nodes})")
     try:
         res = nm.check_placement(N, K, eb, node_list, page)
         if virtual_nodes:
@@ -129,9 +125,9 @@ def check(shape, nodes, dtype, page, virtual_nodes, as_json):
             if dtype == "bf16":
                 res["virtual"]["kernel"] = kernel_virtual_check(N, K, virtual_nodes, page)
     except ValueError as e:
-        raise BadInput(str(e))
+        raise UserError(str(e))
     except OSError as e:
-        raise click.ClickException(f"numa check: {e}")
+        raise UserError(f"numa check: {e}")
     if as_json:
         click.echo(json.dumps(res))
     else:
@@ -185,9 +181,9 @@ def kernel_virtual_check(N: int, K: int, virtual_nodes: int, page: str, tokens: 
     must be bit-identical, every weight byte read once, none remote under the placement model."""
     import torch
 
-    from . import kernels
-    from .problems import FFNProblem, materialize
-    from .problems import rel_err
+    from .. import kernels
+    from ..problems import FFNProblem, materialize
+    from ..problems import rel_err
     if N % 32 or K % 32:
         raise ValueError("the kernel check needs N and K multiples of 32")
     d = materialize(FFNProblem.custom(K, N, tokens, experts), rotate=False)
