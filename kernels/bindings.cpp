@@ -4,7 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "common.h"
-#include "moe_ffn.h"
+#include "microkernel.h"
 
 namespace py = pybind11;
 using namespace hina;

@@ -1,6 +1,6 @@
 // Algorithm 2's work lists from S_index, canonical pieces, thread grouping and binding, and the
 // testing counters. See numa_partition.h.
-#include "numa_partition.h"
+#include "ops/numa_partition.h"
 
 #include <sched.h>
 

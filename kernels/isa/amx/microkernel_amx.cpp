@@ -22,7 +22,7 @@
 // on CPUs without AMX. The tile-operand code uses only `_tile_*` intrinsics; the transforms are
 // plain C++ on the L1-resident tile stores.
 #if defined(HINA_EMU_AMX)
-#include "tile_emulator.h"
+#include "emu/tile_emulator.h"
 #else
 #include <immintrin.h>
 #endif
@@ -30,7 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "moe_ffn.h"
+#include "microkernel.h"
 
 #if defined(HINA_EMU_AMX)
 #include <pybind11/pybind11.h>

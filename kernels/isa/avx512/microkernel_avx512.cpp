@@ -26,7 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "moe_ffn.h"
+#include "microkernel.h"
 
 namespace hina {
 namespace avx512_kernel {

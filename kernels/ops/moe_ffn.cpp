@@ -15,7 +15,7 @@
 // Phases 3 and 4 parallelise over experts and output blocks together, so every thread is busy even
 // for one token on one expert. The micro-kernels (one per ISA, same signature) are picked once,
 // at run time, by name; the Python side checks that the CPU has the ISA before calling in.
-#include "moe_ffn.h"
+#include "microkernel.h"
 
 #include <omp.h>
 
@@ -33,8 +33,8 @@
 #include <string>
 #include <vector>
 
-#include "numa_partition.h"
-#include "task_errors.h"
+#include "ops/numa_partition.h"
+#include "ops/task_errors.h"
 #if !defined(HINA_EMU_AMX) && !defined(HINA_EMU_AVX512)
 #include "common.h"  // isa_usable (cpu.cpp)
 #endif

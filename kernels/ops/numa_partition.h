@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "moe_ffn.h"
+#include "microkernel.h"
 
 namespace hina {
 

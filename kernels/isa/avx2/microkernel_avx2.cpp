@@ -32,7 +32,7 @@
 
 #include <cstdlib>
 
-#include "moe_ffn.h"
+#include "microkernel.h"
 
 namespace hina {
 namespace avx2_kernel {

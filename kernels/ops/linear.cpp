@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "moe_ffn.h"
-#include "numa_partition.h"
-#include "task_errors.h"
+#include "microkernel.h"
+#include "ops/numa_partition.h"
+#include "ops/task_errors.h"
 
 namespace py = pybind11;
 

@@ -1,6 +1,6 @@
 // Exceptions (e.g. the tile emulator's #GP/#UD, a bad expert id) must not cross an OpenMP region:
 // each task runs under guard(), the first exception is kept and rethrown after the region.
-// Included by the drivers only (moe_ffn.cpp, linear.cpp), never by an ISA-flagged file.
+// Included by the drivers only (ops/moe_ffn.cpp, ops/linear.cpp), never by an ISA-flagged file.
 #pragma once
 #include <exception>
 #include <mutex>

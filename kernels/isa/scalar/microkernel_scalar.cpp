@@ -3,7 +3,7 @@
 // W: bf16 rows read in place (general layout), converted element by element.
 #include <algorithm>
 
-#include "moe_ffn.h"
+#include "microkernel.h"
 
 namespace hina {
 namespace {
