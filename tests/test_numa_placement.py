@@ -1,6 +1,7 @@
 """Memory policies (`--numa`), placing a tensor under one, and the generic remote-traffic model."""
 from __future__ import annotations
 
+import mmap
 import os
 
 import pytest
@@ -29,7 +30,9 @@ def test_parse_policy():
                                           ("bind:first", "interleave")])   # bind: interleave over one node
 def test_place_tensor_sets_the_vma_policy_before_the_fill(policy, want):
     policy = policy.replace("first", str(nm.memory_nodes()[0]))
-    t = torch.empty(256, 4096, dtype=torch.bfloat16)             # 2 MiB: an mmap chunk of its own
+    # a new private anonymous mapping: no VMA policy left on its pages by an earlier test's mbind
+    mm = mmap.mmap(-1, 256 * 4096 * 2, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    t = torch.frombuffer(mm, dtype=torch.bfloat16).view(256, 4096)
     mode, nodes = nm.parse_policy(policy)
     nm.place_tensor(t, mode, nodes)
     t.fill_(1.0)
