@@ -3,6 +3,9 @@ checked against the address arithmetic (every row's [0, K) split exactly once ov
 piece inside one page of its node), plus the mode checks, the caches and the last-call record."""
 from __future__ import annotations
 
+import math
+import mmap
+
 import pytest
 import torch
 
@@ -12,9 +15,16 @@ from hinabench.numa import kernel_plan as kp
 E, I, H = 2, 96, 2080          # 2080 bf16 = 4160 B rows: pieces cross page edges at varying y
 
 
-def _mats(place=None):
-    w13 = torch.empty(E, 2 * I, H, dtype=torch.bfloat16)
-    w_down = torch.empty(E, H, I, dtype=torch.bfloat16)
+def _fresh(*shape):
+    """A bf16 tensor in a new private anonymous mapping: no memory policy left on its pages by an
+    earlier test's mbind (a VMA policy outlives the tensor when malloc keeps the pages)."""
+    mm = mmap.mmap(-1, 2 * math.prod(shape), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(mm, dtype=torch.bfloat16).view(*shape)
+
+
+def _mats(place=None, fresh=False):
+    new = _fresh if fresh else (lambda *shape: torch.empty(*shape, dtype=torch.bfloat16))
+    w13, w_down = new(E, 2 * I, H), new(E, H, I)
     if place:
         for t in (w13, w_down):
             nm.place_tensor(t, *nm.parse_policy(place))
@@ -90,7 +100,7 @@ def test_real_nodes_follow_the_measured_placement(place):
     # placements are cached by (address, bytes): a tensor freed by an earlier test and re-made at
     # the same address under another policy would get the old one (the weights are meant to live on)
     kp.storage_placement.cache_clear()
-    mats = _mats(place)
+    mats = _mats(place, fresh=True)
     nodes, arrays, cpus, info = kp.setup("interleave-partitioned", len(real), None, mats)
     assert nodes == len(real) and info["virtual"] is False
     assert len(cpus) == len(real) and info["bound"] == any(cpus)

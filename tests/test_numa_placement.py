@@ -1,6 +1,7 @@
 """Memory policies (`--numa`), placing a tensor under one, and the generic remote-traffic model."""
 from __future__ import annotations
 
+import mmap
 import os
 
 import pytest
@@ -29,9 +30,9 @@ def test_parse_policy():
                                           ("bind:first", "interleave")])   # bind: interleave over one node
 def test_place_tensor_sets_the_vma_policy_before_the_fill(policy, want):
     policy = policy.replace("first", str(nm.memory_nodes()[0]))
-    # 64 MiB: above glibc's largest mmap threshold (32 MiB), so a fresh mapping that no earlier test
-    # gave a policy (a smaller chunk may come from memory an earlier test mbind-ed and freed)
-    t = torch.empty(8192, 4096, dtype=torch.bfloat16)
+    # a new private anonymous mapping: no VMA policy left on its pages by an earlier test's mbind
+    mm = mmap.mmap(-1, 256 * 4096 * 2, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    t = torch.frombuffer(mm, dtype=torch.bfloat16).view(256, 4096)
     mode, nodes = nm.parse_policy(policy)
     nm.place_tensor(t, mode, nodes)
     t.fill_(1.0)
@@ -63,7 +64,7 @@ def test_remote_model_where_the_model_does_not_apply():
 
 
 def _ffn_matrices(H, I, A, dtype):
-    """An FFN as hinabench.problems.ffn stores it: w13 [A, 2I, H] at the placement's phase, w_down
+    """An FFN as hinabench.problem stores it: w13 [A, 2I, H] at the placement's phase, w_down
     [A, H, I] in its own allocation (phase 0)."""
     return [nm.WeightMatrices(A, 2 * I, H, dtype), nm.WeightMatrices(A, H, I, dtype, phase=0)]
 
