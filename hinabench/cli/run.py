@@ -22,6 +22,9 @@ _TIMING = [
                  help="Memory policies for the weights, comma-separated: default (first touch), "
                       "interleave (all nodes, like numactl --interleave=all), bind:N."),
     click.option("--perf", is_flag=True, help="Count local/remote DRAM loads with perf around the samples."),
+    click.option("--wait-quiet", default=0.0, show_default=True, type=click.FloatRange(0, 86400),
+                 help="Before each point, wait up to this many seconds for other processes to leave the "
+                      "CPUs (0: do not wait)."),
     click.option("--out", default=None,
                  help="Results file (.csv or .parquet). Default: results/<machine>/<command>-<model>-<time>.csv"),
     click.option("--resume", is_flag=True, help="Skip points already in --out."),
@@ -42,7 +45,7 @@ def _sweep(op: str, model_names: str, tokens: str, kw: dict, **axes):
                  tokens=ints(tokens, "--tokens"), backends=kw["backends"], dtype=names(kw["dtype"]) or ["bf16"],
                  threads=ints(kw["threads"], "--threads") if kw["threads"] else None, repeats=kw["repeats"],
                  rounds=kw["rounds"], min_time=kw["min_time"], warmup=kw["warmup"], seed=kw["seed"],
-                 numa=names(kw["numa"]), perf=kw["perf"], **axes)
+                 numa=names(kw["numa"]), perf=kw["perf"], wait_quiet=kw["wait_quiet"], **axes)
 
 
 def _run(sweep, name: str, kw: dict) -> None:

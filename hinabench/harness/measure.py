@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from .loadmeter import LoadMeter
-from ..machine.probes import read_gbps
+from ..machine.probes import peak_probe, read_gbps
 
 
 @dataclass
@@ -42,13 +42,16 @@ class RoundResult:
     samples: list[float] = field(default_factory=list)       # seconds, one call each
     probes: list[tuple[float, str]] = field(default_factory=list)   # (GB/s, read kernel) before, after
     other_cpus: float = 0.0
+    peaks: list[tuple[float, str]] = field(default_factory=list)    # (GFLOP/s, FMA unit) before, after
 
     def as_dict(self) -> dict:
-        return {"samples": self.samples, "probes": [list(p) for p in self.probes], "other_cpus": self.other_cpus}
+        return {"samples": self.samples, "probes": [list(p) for p in self.probes], "other_cpus": self.other_cpus,
+                "peaks": [list(p) for p in self.peaks]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "RoundResult":
-        return cls(list(d["samples"]), [(float(a), str(b)) for a, b in d["probes"]], float(d["other_cpus"]))
+        return cls(list(d["samples"]), [(float(a), str(b)) for a, b in d["probes"]], float(d["other_cpus"]),
+                   [(float(a), str(b)) for a, b in d.get("peaks", [])])
 
 
 def measure_round(run: Callable[[int], object], rnd: int, plan: RoundPlan, state: MeasureState,
@@ -76,6 +79,7 @@ def measure_round(run: Callable[[int], object], rnd: int, plan: RoundPlan, state
         run(call % groups)       # re-warm after the other backends' turns (slow calls need none)
         call += 1
     res = RoundResult()
+    res.peaks.append(peak_probe(threads))
     res.probes.append(read_gbps(buffers, threads)[:2])
     with LoadMeter() as m:
         if counter is not None:
@@ -90,5 +94,6 @@ def measure_round(run: Callable[[int], object], rnd: int, plan: RoundPlan, state
             counter.disable()
     res.other_cpus = m.other_cpus
     res.probes.append(read_gbps(buffers, threads)[:2])
+    res.peaks.append(peak_probe(threads))
     state.calls = call
     return res

@@ -27,7 +27,7 @@ from ..backends.base import Unsupported
 from ..errors import UserError
 from .loadmeter import other_load
 from .measure import RoundPlan
-from ..machine.probes import peak_gflops
+from ..machine.probes import peak_gflops, remember_peak
 from ..problems import Problem, ProblemData, diagnose, rel_err
 from .points import Point, row_key
 from .store import ResultStore, empty_row, rank_rows
@@ -70,6 +70,7 @@ class _Timed:
         self.backend = None
         self.samples: list[float] = []
         self.probes: list[tuple[float, str]] = []
+        self.peaks: list[tuple[float, str]] = []
         self.load: list[float] = []
         self.active = False
 
@@ -104,6 +105,29 @@ def _fail_from(t: _Timed, e: Exception) -> None:
         _fail(t, "failed", f"{type(e).__name__}: {e}".splitlines()[0] + _where(e))
 
 
+# A row whose same-process denominators (read bandwidth, compute peak) moved by more than this
+# between its probes is flagged `denominators_moved`: its efficiency is not comparable to others'.
+DENOMINATOR_SPREAD = 0.25
+
+
+def _denominators(row: dict, probes: list, peaks: list, threads: int) -> tuple[float, str]:
+    """Fill the roofline's denominators from the row's own probes; return (peak, unit) to judge by."""
+    bws = [bw for bw, _ in probes]
+    best = max(probes)
+    row.update(read_gbps=best[0], read_gbps_min=min(bws), read_probe=best[1])
+    if peaks:
+        gf = [g for g, _ in peaks]
+        peak, unit = max(peaks)
+        row.update(peak_gflops_min=min(gf))
+    else:                       # a worker of an older protocol: the harness's own peak, once
+        peak, unit = peak_gflops(threads)
+        gf = [peak]
+    row["peak_gflops_machine"] = remember_peak(str(row.get("fingerprint")), threads, unit, peak)
+    moved = min(bws) < (1 - DENOMINATOR_SPREAD) * max(bws) or min(gf) < (1 - DENOMINATOR_SPREAD) * max(gf)
+    row["denominators_moved"] = bool(moved)
+    return peak, unit
+
+
 def _roofline(row: dict, peak: float, unit: str) -> None:
     med = row.get("median_ms")
     bw = row.get("read_gbps")
@@ -135,6 +159,8 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
     groups = data.groups if data else problem.rotation_groups(_llc())
     timed = [_Timed(n, _base_row(point, n, cfg, groups)) for n in names]
     todo = [t for t in timed if not (skip and row_key(t.row) in skip)]
+    if progress is not None and len(todo) < len(timed):
+        progress(None, cfg.rounds * (len(timed) - len(todo)))
     if not todo:
         return []
     check_memory(problem, groups, [t.name for t in todo])
@@ -192,11 +218,12 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
 
     # -- interleaved rounds
     active = [t for t in todo if t.active]
+    took_turns = {id(t) for t in active}
     plan = RoundPlan(**{k: getattr(cfg, k) for k in RoundPlan.__dataclass_fields__})
     # perf attaches after the validation calls, so every thread pool the backends use exists
     with contextlib.ExitStack() as stack:
         counters = {id(t): stack.enter_context(t.backend.perf_session()) for t in active} if cfg.perf else {}
-        _rounds(active, cfg, plan, counters)
+        _rounds(active, cfg, plan, counters, point, progress)
     for t in active:
         if id(t) in counters:
             t.row.update(counters[id(t)].result.row())
@@ -207,16 +234,13 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
                 t.row.update(unsupported_row(f"not counted: backend status {t.row.get('status')}"))
 
     # -- statistics, roofline, storage
-    peak, unit = peak_gflops(threads)
     rows = []
     for t in todo:
         r = t.row
         if t.samples and r.get("status") in (None, "ok", "wrong"):
             r.update(summarize(t.samples))
             r["unstable"] = unstable(r)
-            bws = [bw for bw, _ in t.probes]
-            best = max(t.probes)
-            r.update(read_gbps=best[0], read_gbps_min=min(bws), read_probe=best[1])
+            peak, unit = _denominators(r, t.probes, t.peaks, threads)
             r["load_other_cpus"] = round(max(t.load), 2) if t.load else None
             r["load_warning"] = bool(t.load and max(t.load) > LOAD_WARNING_CPUS)
             r["status"] = r.get("status") or "ok"
@@ -231,27 +255,36 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
     for r in rows:
         if store is not None:
             store.append(r)
-        if progress is not None:
-            progress()
+    if progress is not None:   # the turns of backends that never took one
+        progress(None, cfg.rounds * sum(1 for t in todo if id(t) not in took_turns))
     del data, timed, todo, active
     gc.collect()
     return rows
 
 
-def _rounds(active: list[_Timed], cfg: RunConfig, plan: RoundPlan, counters: dict) -> None:
-    """Interleaved rounds: the backends take turns, the order rotating from round to round."""
+def _rounds(active: list[_Timed], cfg: RunConfig, plan: RoundPlan, counters: dict, point: Point,
+            progress=None) -> None:
+    """Interleaved rounds: the backends take turns, the order rotating from round to round.
+    `progress(what, units)` hears of each backend's turn before it starts (units 0) and after (1)."""
     for rnd in range(cfg.rounds):
         k = rnd % max(len(active), 1)
         for t in active[k:] + active[:k]:
+            if progress is not None:
+                progress(f"{point} · {t.name} · round {rnd + 1}/{cfg.rounds}", 0)
             if not t.active:
+                if progress is not None:
+                    progress(None, 1)
                 continue
             try:
                 res = t.backend.measure_round(rnd, plan, counters.get(id(t)))
                 t.samples += res.samples
                 t.probes += res.probes
+                t.peaks += res.peaks
                 t.load.append(res.other_cpus)
             except Exception as e:
                 _fail_from(t, e)
+            if progress is not None:
+                progress(None, 1)
 
 
 def _where(e: BaseException) -> str:

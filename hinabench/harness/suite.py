@@ -26,6 +26,7 @@ from ..errors import UserError
 from ..models import get_model
 from ..problems import FFNProblem, LinearProblem, Problem, get_kind
 from .points import Point
+from .runner import DENOMINATOR_SPREAD, LOAD_WARNING_CPUS
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Sweep:
     seed: int = 0
     numa: list[str] | None = None      # memory policies: default, interleave, bind:N
     perf: bool = False
+    wait_quiet: float = 0.0            # seconds a point may wait for the other processes to go quiet
 
     @property
     def dtypes(self) -> list[str]:
@@ -92,9 +94,9 @@ SUITE_TOP = {"name": "name", "sweep": "table"}
 SWEEP_SCHEMA = {"models": "names", "tokens": "ints", "op": "name", "experts": "int", "routing": "names",
                 "proj": "names", "backends": "names", "dtype": "names", "threads": "ints", "repeats": "int",
                 "rounds": "int", "min_time": "float", "warmup": "int", "seed": "int", "numa": "names",
-                "perf": "bool"}
+                "perf": "bool", "wait_quiet": "float"}
 BOUNDS = {"rounds": (1, None), "repeats": (0, None), "warmup": (0, None), "experts": (1, None),
-          "min_time": (1e-9, None), "tokens": (1, None), "threads": (1, None)}
+          "min_time": (1e-9, None), "tokens": (1, None), "threads": (1, None), "wait_quiet": (0, None)}
 
 
 def _typed(key: str, v, kind: str) -> tuple[object, str]:
@@ -242,14 +244,20 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
     if not quiet and sys.stderr.isatty():
         from rich.progress import Progress
         progress = Progress(console=err, transient=True)
-        task = progress.add_task("measuring", total=len(points) * len(names))
+        # one unit per backend per round: the ETA comes from the turns measured so far
+        task = progress.add_task("measuring", total=len(points) * len(names) * sweep.rounds)
         progress.start()
     try:
         for pt in points:
             if progress is not None:
                 progress.update(task, description=str(pt))
+            if sweep.wait_quiet > 0:
+                waited, load = wait_quiet(sweep.wait_quiet)
+                if load > LOAD_WARNING_CPUS:
+                    click.echo(f"hinabench: note: {pt}: still {load:.2f} other CPUs busy after waiting "
+                               f"{waited:.0f} s; measuring anyway (its rows will say load_warning)", err=True)
             rows += runner.run_point(pt.problem, names, pt.threads, cfg, store=store, skip=skip,
-                                     progress=(lambda: progress.advance(task)) if progress else None,
+                                     progress=_ticker(progress, task) if progress else None,
                                      numa=pt.numa)
     except KeyboardInterrupt:
         if progress is not None:
@@ -267,13 +275,38 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
     warn = [r for r in rows if r.get("load_warning")]
     if warn:
         notes.append(f"warning: another process competed for the CPUs during {len(warn)} row(s) "
-                     f"(load_other_cpus > 0.25): their timings are suspect")
+                     f"(load_other_cpus > {LOAD_WARNING_CPUS}): their timings are suspect and their eff is "
+                     f"not comparable with other rows' (--wait-quiet SECONDS waits for a quiet machine)")
+    moved = [r for r in rows if r.get("denominators_moved")]
+    if moved:
+        notes.append(f"warning: {len(moved)} row(s) saw their same-process bandwidth or compute peak move by "
+                     f"more than {DENOMINATOR_SPREAD:.0%} between probes: their eff is not comparable")
     unstable = [r for r in rows if r.get("unstable")]
     if unstable:
         notes.append(f"warning: {len(unstable)} row(s) unstable (MAD > 10% of median)")
     notes.append(f"rows written to {store.path}")
     emit(rows, "table", notes=notes, console=_console_out())
     return rows
+
+
+def _ticker(progress, task):
+    def tick(what, units):
+        if what:
+            progress.update(task, description=what)
+        if units:
+            progress.advance(task, units)
+    return tick
+
+
+def wait_quiet(timeout: float, poll: float = 0.5) -> tuple[float, float]:
+    """Wait until other processes use under LOAD_WARNING_CPUS of the CPUs, at most `timeout` seconds.
+    Returns (seconds waited, the last load seen)."""
+    from .loadmeter import other_load
+    t0 = time.monotonic()
+    load = other_load(poll)
+    while load > LOAD_WARNING_CPUS and time.monotonic() - t0 < timeout:
+        load = other_load(poll)
+    return time.monotonic() - t0, load
 
 
 def _console_err():

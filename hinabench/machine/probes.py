@@ -43,6 +43,40 @@ def peak_unit() -> str:
 
 @functools.lru_cache(maxsize=None)
 def peak_gflops(threads: int, unit: str | None = None, seconds: float = 0.25) -> tuple[float, str]:
-    """(GFLOP/s, unit): best of three runs of the register-only loop; cached per process."""
+    """(GFLOP/s, unit): best of three runs of the register-only loop; cached per process (for the
+    `peak` command; rows use the same-process probe below, taken beside their samples)."""
     unit = unit or peak_unit()
     return max(_C.peak_flops(unit, threads, seconds) for _ in range(3)) / 1e9, unit
+
+
+def peak_probe(threads: int, seconds: float = 0.03) -> tuple[float, str]:
+    """(GFLOP/s, unit) of one short run of the register-only loop, now, in this process: the compute
+    term of the roofline measured like the read probe, beside the samples (a VM's two vCPUs can be
+    SMT siblings one minute and not the next)."""
+    unit = peak_unit()
+    return _C.peak_flops(unit, threads, seconds) / 1e9, unit
+
+
+def remember_peak(fingerprint: str, threads: int, unit: str, gflops: float) -> float:
+    """The best peak ever seen on this machine fingerprint (threads, unit), updated with `gflops`;
+    kept in $HINABENCH_CACHE (default ~/.cache/hinabench)/peaks.json. Returns the best."""
+    import json
+    import os
+    from pathlib import Path
+    path = Path(os.environ.get("HINABENCH_CACHE", Path.home() / ".cache" / "hinabench")) / "peaks.json"
+    key = f"{fingerprint}|{threads}|{unit}"
+    try:
+        seen = json.loads(path.read_text())
+    except (OSError, ValueError):
+        seen = {}
+    best = max(float(seen.get(key, 0.0)), gflops)
+    if best > float(seen.get(key, 0.0)):
+        seen[key] = best
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".partial")
+            tmp.write_text(json.dumps(seen, indent=1, sort_keys=True))
+            os.replace(tmp, path)
+        except OSError:
+            pass   # a read-only home: the row still has its same-process peak
+    return best
