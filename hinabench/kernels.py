@@ -73,13 +73,12 @@ class IsaUnavailable(RuntimeError):
 
 
 def _module(isa: str):
+    from .native import NativeMissing, load
     name = ISAS_EMULATED.get(isa, "_C")
     try:
-        return importlib.import_module(f"hinabench.{name}")
-    except ImportError as e:
-        raise IsaUnavailable(f"isa '{isa}' needs the extension module hinabench.{name}, which is not "
-                             f"built ({e}); reinstall with `pip install --no-build-isolation -e .`"
-                             + (" with simde-py installed" if isa == "avx512-emulated" else "")) from e
+        return load(name)
+    except NativeMissing as e:
+        raise IsaUnavailable(f"isa '{isa}': {e}") from e
 
 
 def isa_status(isa: str) -> tuple[bool, str]:
@@ -221,6 +220,9 @@ def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | N
     out = torch.empty(T, H, dtype=torch.bfloat16)
     if T == 0:
         return out
+    lo, hi = int(topk_ids.min()), int(topk_ids.max())   # before the int32 cast: 2**32 + 1 must not become 1
+    if lo < 0 or hi >= E:
+        raise ValueError(f"topk_ids holds expert {lo if lo < 0 else hi}, outside [0, {E})")
     ids = topk_ids.to(torch.int32).contiguous()  # T*k integers: the only copies made
     tw = topk_weights.contiguous()
     if threads is None:

@@ -230,6 +230,10 @@ def test_bad_input_raises_value_error():
         moe_ffn(d.x, None, None, d.w_down, ids.float(), w, **good)
     with pytest.raises(ValueError, match=r"\[0, 3\)"):
         moe_ffn(d.x, None, None, d.w_down, ids + 3, w, **good)
+    wraps = ids.to(torch.int64)            # 2**32 + 1 would wrap to expert 1 in an int32 cast
+    wraps[0, 0] = 2**32 + 1
+    with pytest.raises(ValueError, match=r"expert 4294967297, outside \[0, 3\)"):
+        moe_ffn(d.x, None, None, d.w_down, wraps, w, **good)
     with pytest.raises(ValueError, match="either w13"):
         moe_ffn(d.x, d.w_gate, d.w_up, d.w_down, ids, w, w13=d.w13, isa="scalar")
     with pytest.raises(ValueError, match="contiguous"):

@@ -112,3 +112,23 @@ def test_linear_validates_torch_and_hina_and_names_what_cannot_run(tmp_path):
         assert od["status"] in ("ok", "unsupported") and (od["status"] == "ok" or od["reason"])
     bad = CliRunner().invoke(cli, ["linear", "--backends", "vllm"])
     assert bad.exit_code == 2 and "has no linear path" in bad.output
+
+
+def test_a_source_folder_shadowing_the_installed_package_is_named(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    src = Path(__file__).resolve().parents[1]
+    shutil.copytree(src / "hinabench", tmp_path / "hinabench",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__", "_build_info.py"))
+    (tmp_path / "pyproject.toml").write_text((src / "pyproject.toml").read_text())
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    where = subprocess.run([sys.executable, "-c", "import hinabench; print(hinabench.__file__)"], cwd=tmp_path,
+                           capture_output=True, text=True, env=env).stdout
+    if str(tmp_path) not in where:
+        pytest.skip("an editable install's import finder comes before the current directory: nothing shadows it")
+    r = subprocess.run([sys.executable, "-c", "from hinabench.native import load; load('_C')"], cwd=tmp_path,
+                       capture_output=True, text=True, env=env)
+    assert r.returncode != 0
+    assert "shadows the installed package" in r.stderr and "pip install --no-build-isolation -e ." in r.stderr

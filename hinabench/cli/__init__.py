@@ -59,9 +59,10 @@ class _Group(click.Group):
     """Turns UserError into one line on stderr and exit status 2, never a traceback."""
 
     def invoke(self, ctx):
+        from ..native import NativeMissing
         try:
             return super().invoke(ctx)
-        except UserError as e:
+        except (UserError, NativeMissing) as e:
             click.echo(f"hinabench: error: {e}", err=True)
             ctx.exit(2)
 

@@ -105,7 +105,8 @@ def bandwidth(threads, size_mib, passes, fmt, as_json):
 @click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as --format json.")
 def peak(threads, fmt, as_json):
     """Register-only FMA peak per unit (AVX2 FMA, AVX-512 FMA / BF16 dot, AMX BF16) and thread count."""
-    from .. import _C
+    from ..native import load
+    _C = load("_C")
     from ..machine import probes, sysinfo
     ts = ints(threads, "--threads") if threads else sorted({1, len(sysinfo.topology()["usable_cpus"])})
     rows = []

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 
-from .. import _C
+from ..native import load
+
+_C = load("_C")
 
 # Best first: what a BF16 kernel could use on this CPU.
 PEAK_PREFERENCE = ["amx-bf16", "avx512-bf16-dot", "avx512-fma-fp32", "avx2-fma-fp32"]

@@ -103,7 +103,8 @@ def perf_hw_counters() -> tuple[bool, str]:
 
 
 def isa() -> dict:
-    from .. import _C
+    from ..native import load
+    _C = load("_C")
     f = _C.cpu_features()
     out = {k: bool(f.get(k, False)) for k in ISA_FLAGS}
     out["amx_os_permission"] = f["amx_permission"]

@@ -35,7 +35,8 @@ def seed_for(seed: int, what: str) -> int:
 
 def fill_bf16(t: torch.Tensor, seed: int, scale: float) -> None:
     """Fill a contiguous bf16 tensor from a counter-based hash (fast, and the same in every process)."""
-    from .. import _C
+    from ..native import load
+    _C = load("_C")
     assert t.dtype == torch.bfloat16 and t.is_contiguous()
     _C.fill_bf16(t.data_ptr(), t.numel(), seed, scale, torch.get_num_threads())
 
