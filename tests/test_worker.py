@@ -144,3 +144,20 @@ def test_sweep_goes_on_past_crashes_hangs_and_errors(registered, data):
     hang = rows["selftest:hang-round"]
     assert hang["status"] == "timeout" and "did not answer 'round'" in hang["reason"], hang["reason"]
     assert "process group was killed" in hang["reason"]
+
+
+def test_a_worker_that_dies_or_prints_garbage_mid_protocol_is_a_failed_row(registered, data, tmp_path):
+    """Fault injection: the protocol's pipe gets garbage, or the worker exits, in the timed loop; each
+    is a `failed` row that says what happened, and every other row of the point is stored intact."""
+    from hinabench.harness.store import ResultStore
+    names = [registered(selftest(v, timeout=8)) for v in ("garbage-round", "exit-round", "naive")]
+    cfg = RunConfig(rounds=2, warmup=1, min_time=0.01, max_time=1.0, command="test")
+    store = ResultStore(tmp_path / "r.csv")
+    rows = {r["backend"]: r for r in run_point(PROBLEM, names, 1, cfg, data=data, store=store)}
+    g = rows["selftest:garbage-round"]
+    assert g["status"] == "failed" and "not JSON" in g["reason"] and "garbage" in g["reason"], g["reason"]
+    x = rows["selftest:exit-round"]
+    assert x["status"] == "failed" and "exited with code 3 during 'round'" in x["reason"], x["reason"]
+    assert rows["selftest:naive"]["status"] == "ok"
+    stored = {r["backend"]: r for r in store.rows()}
+    assert set(stored) == set(names) and stored["selftest:naive"]["status"] == "ok"

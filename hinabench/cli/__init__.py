@@ -65,6 +65,9 @@ class _Group(click.Group):
         except (UserError, NativeMissing) as e:
             click.echo(f"hinabench: error: {e}", err=True)
             ctx.exit(2)
+        except KeyboardInterrupt:   # before a sweep began (a sweep says what it kept itself)
+            click.echo("hinabench: interrupted: nothing was measured or written", err=True)
+            ctx.exit(130)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

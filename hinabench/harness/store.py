@@ -180,11 +180,21 @@ class ResultStore:
         w.writerow(row)
         data = buf.getvalue().encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        before = os.fstat(fd).st_size
         try:
             written = os.write(fd, data)      # one write per row: a row is whole or torn at the end
             if written != len(data):
-                raise OSError(f"short write to {self.path} ({written} of {len(data)} bytes)")
+                raise OSError(28, f"short write ({written} of {len(data)} bytes): the disk or a size limit is full")
             os.fsync(fd)
+        except OSError as e:
+            try:                              # leave whole rows only: cut what was written of this one
+                os.ftruncate(fd, before)
+                os.fsync(fd)
+            except OSError:
+                pass
+            raise UserError(f"could not write a row to {self.path} ({e.strerror or e}); the "
+                            f"{self.appended} row(s) this run stored before are intact: free space and "
+                            f"run again with --resume") from None
         finally:
             os.close(fd)
         self.appended += 1

@@ -236,18 +236,18 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
     if command:
         cfg.command = command
     quiet = fmt != "table"
-    if not quiet:
-        err.print(f"[bold]hinabench {name}[/]: {len(points)} point(s) x {len(names)} backend(s) -> {store.path}")
-        err.print(summary(), style="dim")
     rows: list[dict] = []
     progress = None
-    if not quiet and sys.stderr.isatty():
-        from rich.progress import Progress
-        progress = Progress(console=err, transient=True)
-        # one unit per backend per round: the ETA comes from the turns measured so far
-        task = progress.add_task("measuring", total=len(points) * len(names) * sweep.rounds)
-        progress.start()
     try:
+        if not quiet:
+            err.print(f"[bold]hinabench {name}[/]: {len(points)} point(s) x {len(names)} backend(s) -> {store.path}")
+            err.print(summary(), style="dim")
+        if not quiet and sys.stderr.isatty():
+            from rich.progress import Progress
+            progress = Progress(console=err, transient=True)
+            # one unit per backend per round: the ETA comes from the turns measured so far
+            task = progress.add_task("measuring", total=len(points) * len(names) * sweep.rounds)
+            progress.start()
         for pt in points:
             if progress is not None:
                 progress.update(task, description=str(pt))

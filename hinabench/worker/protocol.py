@@ -39,6 +39,9 @@ ENV_PREFIXES = ("OMP_", "KMP_", "ONEDNN_", "DNNL_", "MKL_", "GOMP_", "VLLM_", "G
                 "IPEX_", "KT_", "LD_PRELOAD", "TORCH_", "ATEN_")
 
 
+PROTOCOL_FD = [-1]   # the protocol's own descriptor (the selftest's garbage variant writes on it)
+
+
 class PeerUnsupported(Exception):
     """Raised by a peer adapter: this variant cannot run here (a row with status `unsupported`)."""
 
@@ -87,7 +90,9 @@ class SelfTestPeer:
     """`selftest:<variant>`: naive (the torch loop), sigill (kills itself with SIGILL in prepare, as an
     AMX-only path does on a CPU without AMX), sigill-run (the same in the first call), hang (sleeps
     forever in prepare), hang-round (in the timed loop), raise (an exception), unsupported, wrong
-    (a result off by 2x), sigkill (dies by SIGKILL, as the OOM killer kills), abort (an uncaught C++
+    (a result off by 2x), sigkill (dies by SIGKILL, as the OOM killer kills), garbage-round (writes
+    garbage on the protocol's pipe in the timed loop), exit-round (exits with code 3 in the timed loop),
+    abort (an uncaught C++
     exception whose what() says "not supported")."""
 
     def __init__(self, variant: str, threads: int):
@@ -112,7 +117,7 @@ class SelfTestPeer:
             raise RuntimeError("selftest: the peer raised in prepare")
         if v == "unsupported":
             raise PeerUnsupported("selftest: this variant needs an ISA this CPU lacks")
-        if v not in ("naive", "sigill-run", "hang-round", "wrong"):
+        if v not in ("naive", "sigill-run", "hang-round", "wrong", "garbage-round", "exit-round"):
             raise PeerUnsupported(f"selftest has no variant '{v}'")
 
     def run(self, group: int):
@@ -123,6 +128,10 @@ class SelfTestPeer:
             os.kill(os.getpid(), signal.SIGILL)
         if self.variant == "hang-round" and self.calls > 1:
             time.sleep(3600)
+        if self.variant == "garbage-round" and self.calls > 1:   # a library writing on the protocol's pipe
+            os.write(PROTOCOL_FD[0], b"\x00\x01 garbage from the peer, not JSON\n")
+        if self.variant == "exit-round" and self.calls > 1:      # dies mid-protocol without a signal
+            os._exit(3)
         d = self.data
         x, w, ids = d.x, d.topk_weights, d.topk_ids[group].long()
         out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32)
@@ -251,6 +260,7 @@ def main() -> int:
     import faulthandler
     faulthandler.enable()            # a segfault leaves its Python stack in the stderr tail
     proto = os.fdopen(os.dup(1), "w", buffering=1)
+    PROTOCOL_FD[0] = proto.fileno()
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     _extend_package_path()
