@@ -132,3 +132,56 @@ def test_a_source_folder_shadowing_the_installed_package_is_named(tmp_path):
                        capture_output=True, text=True, env=env)
     assert r.returncode != 0
     assert "shadows the installed package" in r.stderr and "pip install --no-build-isolation -e ." in r.stderr
+
+
+def test_rows_carry_their_own_peak_and_flag_moved_denominators(stored):
+    from hinabench.harness.runner import _denominators
+    rows = csv_rows(stored)
+    for row in rows:
+        assert float(row["peak_gflops"]) >= float(row["peak_gflops_min"]) > 0
+        assert float(row["peak_gflops_machine"]) >= float(row["peak_gflops"])
+        assert row["denominators_moved"] in ("True", "False")
+    r = {"fingerprint": "test-machine-x"}
+    _denominators(r, [(20.0, "avx2"), (21.0, "avx2")], [(250.0, "avx2-fma-fp32"), (160.0, "avx2-fma-fp32")], 2)
+    assert r["denominators_moved"] is True and r["peak_gflops_min"] == 160.0     # an SMT sibling showed up
+    r = {"fingerprint": "test-machine-x"}
+    _denominators(r, [(20.0, "avx2"), (21.0, "avx2")], [(250.0, "avx2-fma-fp32"), (240.0, "avx2-fma-fp32")], 2)
+    assert r["denominators_moved"] is False
+
+
+def test_progress_names_the_backend_and_round_and_counts_every_turn():
+    from hinabench.harness.runner import RunConfig, run_point
+    from hinabench.problems import FFNProblem
+    events = []
+    cfg = RunConfig(rounds=2, warmup=1, min_time=0.01, max_time=1.0, command="test")
+    run_point(FFNProblem.custom(256, 256, 2, 2), ["torch", "onednn:runtime"], 1, cfg,
+              progress=lambda what, units: events.append((what, units)))
+    assert sum(u for _, u in events) == 2 * 2                       # backends x rounds
+    assert any(w and "torch · round 2/2" in w for w, _ in events)
+
+
+def test_help_and_models_say_what_is_true():
+    r = invoke("suite", "run", "--help")
+    assert "<suite>-<model>-<time>.csv" in r.output
+    from click.testing import CliRunner
+    from hinabench.cli import cli
+    out = CliRunner().invoke(cli, ["models"], terminal_width=100).output
+    assert "qwen3-235b-a22b" in out and "mixtral-8x22b" in out
+
+
+def test_wait_quiet_waits_for_a_busy_machine_then_says_so(tmp_path):
+    import subprocess
+    import sys
+    from hinabench.harness.suite import wait_quiet
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        waited, load = wait_quiet(1.0, poll=0.25)
+        assert waited >= 1.0 and load > 0.25
+        r = invoke("ffn", *FAST, "--tokens", "1", "--out", str(tmp_path / "w.csv"), "--wait-quiet", "0.5")
+        assert r.exit_code == 0 and "still" in r.output and "other CPUs busy after waiting" in r.output
+        row = csv_rows(tmp_path / "w.csv")[0]
+        assert row["load_warning"] == "True"
+        assert "eff is not comparable" in r.output
+    finally:
+        busy.kill()
+        busy.wait()

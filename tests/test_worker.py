@@ -141,6 +141,8 @@ def test_sweep_goes_on_past_crashes_hangs_and_errors(registered, data):
     assert rows["selftest:raise"]["status"] == "failed"
     assert "RuntimeError: selftest: the peer raised in prepare" in rows["selftest:raise"]["reason"]
     assert rows["selftest:wrong"]["status"] == "wrong" and rows["selftest:wrong"]["median_ms"] > 0
+    # a wrong output is timed but shows no rates: its bytes and flops were not the problem's
+    assert rows["selftest:wrong"]["efficiency"] is None and rows["selftest:wrong"]["gbps"] is None
     hang = rows["selftest:hang-round"]
     assert hang["status"] == "timeout" and "did not answer 'round'" in hang["reason"], hang["reason"]
     assert "process group was killed" in hang["reason"]
