@@ -92,3 +92,13 @@ def test_ipex():
                 assert_ok(r, "ipex")
         else:   # IPEX checks the ISA itself and says so: an unsupported row with its words
             assert r["status"] == "unsupported" and "IPEX refuses on this CPU" in r["reason"], r["reason"]
+
+
+def test_kt_rows_say_that_its_own_thread_pool_quantizes_times_at_threads_equal_cpus():
+    import os
+    ncpu = len(os.sched_getaffinity(0))
+    kt = registry.get("kt:avx2bf16")
+    assert "scheduler ticks" in kt.note(ncpu) and "not the harness's" in kt.note(ncpu)
+    if ncpu > 1:
+        assert kt.note(ncpu - 1) == ""
+    assert registry.get("torch").note(ncpu) == ""

@@ -85,5 +85,10 @@ class Backend(ABC):
     def versions(self) -> dict[str, str]:
         return {"torch": torch.__version__}
 
+    @classmethod
+    def note(cls, threads: int) -> str:
+        """A caveat that every row of this backend at `threads` should carry (the row's `note`), or ''."""
+        return ""
+
     def close(self) -> None:
         self.data = None

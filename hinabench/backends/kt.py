@@ -20,6 +20,21 @@ class _Kt(WorkerBackend):
     module = "kt"
     packages = ("kt-kernel", "torch")
 
+    @classmethod
+    def note(cls, threads: int) -> str:
+        """kt's CPUInfer busy-waits in three places: the caller spins in sync(), its task-queue thread
+        polls without sleeping, and the pool's workers spin between jobs. With `threads` workers that is
+        threads + 1 busy threads (the queue thread is worker 0, the caller spins beside it): on as many
+        CPUs as threads, the kernel's threads are time-sliced by the scheduler, so a call's time moves in
+        whole scheduler ticks (measured on the 2-vCPU development VM: kt:avx2bf16 at 2 threads called
+        directly in its env, no worker protocol, lands on multiples of 4 ms; at 1 thread it does not)."""
+        import os
+        if threads >= len(os.sched_getaffinity(0)):
+            return ("kt's CPUInfer spins a submitting thread and a task-queue thread beside its worker pool: "
+                    f"{threads + 1} busy threads on {threads} CPU(s), so call times step in scheduler ticks "
+                    "(kt's design, not the harness's: seen in direct calls too)")
+        return ""
+
 
 @register
 class KtAmxBf16(_Kt):

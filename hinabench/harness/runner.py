@@ -82,6 +82,7 @@ def _base_row(point: Point, name: str, cfg: RunConfig, groups: int) -> dict:
     row.update(point.columns())
     factor = backend_registry.get(name).weight_bytes_factor
     row.update(backend=name, rounds=cfg.rounds, warmup=cfg.warmup,
+               note=backend_registry.get(name).note(point.threads) or None,
                tolerance=problem.tolerance, weight_bytes=int(problem.weight_bytes * factor),
                flops=problem.flops, rotation_groups=groups,
                allocated_bytes=problem.allocated_bytes(groups), machine=machine_id(fp),

@@ -27,6 +27,7 @@ COMMON = [
     "threads", "numa",
     # outcome
     "status", "reason", "rank",
+    "note",      # a caveat the backend states for every row of its kind (e.g. a peer's own thread pool)
     # timings (ms) over the samples of all rounds; warm-ups excluded
     "median_ms", "min_ms", "mean_ms", "mad_ms", "p10_ms", "p90_ms", "samples", "rounds", "warmup",
     "prepare_ms", "unstable",
