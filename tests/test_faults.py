@@ -12,7 +12,7 @@ import pytest
 
 ARGS = ["ffn", "--model", "qwen3-30b-a3b", "--backends", "torch", "--rounds", "1", "--min-time", "0.05",
         "--warmup", "1", "--threads", "1"]
-CLI = [sys.executable, "-c", "from hinabench.cli import main; main()"]
+CLI = [sys.executable, "-c", "from hinabench.cli import main; main()"]   # run with cwd outside the checkout
 
 
 def data_lines(path):
@@ -32,7 +32,7 @@ def whole_rows(path):
 
 def start(out, tokens, **kw):
     return subprocess.Popen(CLI + ARGS + ["--tokens", tokens, "--out", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+                            stderr=subprocess.PIPE, text=True, cwd=out.parent, **kw)
 
 
 def wait_for(cond, timeout=120):
@@ -52,7 +52,7 @@ def test_kill_9_mid_sweep_keeps_whole_rows_and_resumes(tmp_path):
     whole, torn = whole_rows(out)
     assert len(whole) >= 1 and len(torn) <= 1
     r = subprocess.run(CLI + ARGS + ["--tokens", "1,2,3,4,5,6", "--out", str(out), "--resume"],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert not whole_rows(out)[1]
     with open(out, newline="") as f:
@@ -100,7 +100,7 @@ def _peek(p) -> str:
 def test_a_full_disk_keeps_whole_rows_and_says_so(tmp_path):
     out = tmp_path / "r.csv"
     full = subprocess.run(CLI + ARGS + ["--tokens", "1", "--out", str(tmp_path / "one.csv")],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, cwd=tmp_path)
     assert full.returncode == 0, full.stderr
     one_row = (tmp_path / "one.csv").stat().st_size             # header + one row
 
@@ -109,7 +109,7 @@ def test_a_full_disk_keeps_whole_rows_and_says_so(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (int(one_row * 1.5), int(one_row * 1.5)))
 
     r = subprocess.run(CLI + ARGS + ["--tokens", "1,2,3", "--out", str(out)], capture_output=True, text=True,
-                       preexec_fn=limit)
+                       preexec_fn=limit, cwd=tmp_path)
     assert r.returncode == 2 and "could not write a row" in r.stderr and "1 row(s) this run stored" in r.stderr
     assert "Traceback" not in r.stderr
     whole, torn = whole_rows(out)
