@@ -135,52 +135,50 @@ void gather_pack(const Phases& p) {
   }
 }
 
+// The tasks of phase 3 or 4 on all threads, one at a time, dynamically scheduled.
+template <class F>
+void run_tasks(const Phases& p, const std::vector<Task>& tasks, F&& run_one) {
+#pragma omp for schedule(dynamic, 1)
+  for (size_t i = 0; i < tasks.size(); ++i)
+    p.err.guard([&] { run_one(tasks[i], p.slots[tasks[i].slot]); });
+}
+
 // ---- 3. gate & up projections, transformation 2 ---------------------------------------------------
 void gate_up(const Phases& p, const std::vector<Task>& tasks, int nb) {
   const MoeCall& a = p.a;
-#pragma omp for schedule(dynamic, 1)
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    p.err.guard([&] {
-      const Task tk = tasks[i];
-      const ExpertSlot& es = p.slots[tk.slot];
-      GateUpTask t;
-      t.w_gate = a.w_gate + es.e * a.gate_es + tk.n0 * a.gate_rs;
-      t.w_up = a.w_up + es.e * a.up_es + tk.n0 * a.up_rs;
-      t.ldw_gate = a.gate_rs;
-      t.ldw_up = a.up_rs;
-      t.n0 = tk.n0;
-      t.n = int(std::min<int64_t>(nb, a.I - tk.n0));
-      t.K = int(a.H);
-      t.M = es.M;
-      t.I = es.I;
-      t.act = es.act;
-      t.act_K = int(a.I);
-      p.mk.gate_up(t);
-    });
-  }
+  run_tasks(p, tasks, [&](const Task tk, const ExpertSlot& es) {
+    GateUpTask t;
+    t.w_gate = a.w_gate + es.e * a.gate_es + tk.n0 * a.gate_rs;
+    t.w_up = a.w_up + es.e * a.up_es + tk.n0 * a.up_rs;
+    t.ldw_gate = a.gate_rs;
+    t.ldw_up = a.up_rs;
+    t.n0 = tk.n0;
+    t.n = int(std::min<int64_t>(nb, a.I - tk.n0));
+    t.K = int(a.H);
+    t.M = es.M;
+    t.I = es.I;
+    t.act = es.act;
+    t.act_K = int(a.I);
+    p.mk.gate_up(t);
+  });
 }
 
 // ---- 4. down projection, transformation 3 ---------------------------------------------------------
 void down(const Phases& p, const std::vector<Task>& tasks, int nb) {
   const MoeCall& a = p.a;
-#pragma omp for schedule(dynamic, 1)
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    p.err.guard([&] {
-      const Task tk = tasks[i];
-      const ExpertSlot& es = p.slots[tk.slot];
-      DownTask t;
-      t.w_down = a.w_down + es.e * a.down_es + tk.n0 * a.down_rs;
-      t.ldw = a.down_rs;
-      t.n0 = tk.n0;
-      t.n = int(std::min<int64_t>(nb, a.H - tk.n0));
-      t.K = int(a.I);
-      t.M = es.M;
-      t.act = es.act;
-      t.y = es.y;
-      t.ldy = a.H;
-      p.mk.down(t);
-    });
-  }
+  run_tasks(p, tasks, [&](const Task tk, const ExpertSlot& es) {
+    DownTask t;
+    t.w_down = a.w_down + es.e * a.down_es + tk.n0 * a.down_rs;
+    t.ldw = a.down_rs;
+    t.n0 = tk.n0;
+    t.n = int(std::min<int64_t>(nb, a.H - tk.n0));
+    t.K = int(a.I);
+    t.M = es.M;
+    t.act = es.act;
+    t.y = es.y;
+    t.ldy = a.H;
+    p.mk.down(t);
+  });
 }
 
 // ---- 5. routing-weighted scatter-add back to token order -----------------------------------------
