@@ -18,7 +18,7 @@
 //   down:    C transposed into token-major y rows (transformation 3).
 //
 // Built twice from this one source: for real (-mamx-tile -mamx-bf16, `_C`, isa "amx") and against
-// tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated"), so the logic is tested
+// emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated"), so the logic is tested
 // on CPUs without AMX. The tile-operand code uses only `_tile_*` intrinsics; the transforms are
 // plain C++ on the L1-resident tile stores (glue.h's stores, shared with every kernel).
 #if defined(HINA_EMU_AMX)
