@@ -37,7 +37,7 @@ Returns [T, H] bf16 (contiguous, newly allocated).
 
 Summation order (both modes): every dot product is a sum of K *pieces* cut at the row's 4 KiB
 address boundaries (rounded up to 32 elements), each accumulated from zero, added in ascending K
-(kernels/moe_ffn.h). A NUMA node owns whole pieces, so "interleave-partitioned" is bit-identical to
+(kernels/pieces.h). A NUMA node owns whole pieces, so "interleave-partitioned" is bit-identical to
 "off" for any node count, page model, phase or thread count. Segment edges that are not on a
 32-element edge (a row not 64-byte aligned) are rounded up: the straddling 64 bytes are read by the
 node of their first element (at most 62 remote bytes per page boundary; none for aligned rows).
@@ -233,21 +233,25 @@ def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | N
     mod = _MODULES.get(isa) or _MODULES.setdefault(isa, _module(isa))
     from .numa import kernel_plan
     setup = None if numa == "off" else kernel_plan.setup(numa, numa_nodes, numa_page, (w_gate, w_up, w_down))
-    args = (x.data_ptr(), T, H, I, ldx,
-            w_gate.data_ptr(), w_gate.stride(0), w_gate.stride(1),
-            w_up.data_ptr(), w_up.stride(0), w_up.stride(1),
-            w_down.data_ptr(), w_down.stride(0), w_down.stride(1), E,
-            ids.data_ptr(), k, tw.data_ptr(), out.data_ptr(), isa, int(threads))
+    # the C++ entry point takes one argument struct (kernels/ops/moe_ffn.h: MoeCall)
+    call = mod.MoeCall(x=x.data_ptr(), T=T, H=H, I=I, ldx=ldx,
+                       w_gate=w_gate.data_ptr(), gate_es=w_gate.stride(0), gate_rs=w_gate.stride(1),
+                       w_up=w_up.data_ptr(), up_es=w_up.stride(0), up_rs=w_up.stride(1),
+                       w_down=w_down.data_ptr(), down_es=w_down.stride(0), down_rs=w_down.stride(1),
+                       E=E, topk_ids=ids.data_ptr(), k=k, topk_weights=tw.data_ptr(),
+                       out=out.data_ptr(), isa=isa, threads=int(threads))
     if setup is None:
         if numa not in NUMA_MODES:
             raise ValueError(f"numa must be one of {', '.join(NUMA_MODES)} (got {numa!r})")
         kernel_plan.record({"mode": "off"})
-        mod.moe_ffn(*args)  # raises ValueError for an expert id outside [0, E)
+        mod.moe_ffn(call)  # raises ValueError for an expert id outside [0, E)
         return out
     nodes, (mat_plan, hdr, seg_off, segs), cpus, info = setup
     kernel_plan.record(info)
-    mod.moe_ffn(*args, numa_nodes=nodes, mat_plan=mat_plan.data_ptr(), plan_hdr=hdr.data_ptr(),
-                seg_off=seg_off.data_ptr(), segs=segs.data_ptr(), node_cpus=cpus)
+    call.numa_nodes, call.node_cpus = nodes, cpus
+    call.mat_plan, call.plan_hdr = mat_plan.data_ptr(), hdr.data_ptr()
+    call.seg_off, call.segs = seg_off.data_ptr(), segs.data_ptr()
+    mod.moe_ffn(call)
     return out
 
 
@@ -276,8 +280,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, isa: str = "auto", threads: int 
     if threads < 1:
         raise ValueError(f"threads must be >= 1 (got {threads})")
     mod = _MODULES.get(isa) or _MODULES.setdefault(isa, _module(isa))
-    mod.linear(x.data_ptr(), T, K, x.stride(0) if T > 1 else K, w.data_ptr(), N, w.stride(0) if N > 1 else K,
-               out.data_ptr(), isa, threads)
+    mod.linear(x=x.data_ptr(), T=T, K=K, ldx=x.stride(0) if T > 1 else K, w=w.data_ptr(), N=N,
+               ldw=w.stride(0) if N > 1 else K, out=out.data_ptr(), isa=isa, threads=threads)
     return out
 
 

@@ -1,14 +1,188 @@
-// The one pybind11 module of hinabench's C++ side. It takes raw addresses and sizes; the Python
-// side (hinabench/kernels.py, hinabench/probes.py) validates tensors before calling in.
+// Every pybind11 binding of hinabench's C++ side: the main module `_C` (probes, fills, the HiNa-MoE
+// operator) and the emulated builds `_C_amx_emu`, `_C_avx512_emu` (the operator, and the software
+// tile unit's own entry points), which compile this file with HINA_EMU_MODULE_NAME set
+// (kernels/emu/emulated.cmake). Everything takes raw addresses and sizes; the Python side
+// (hinabench/kernels.py, hinabench/probes.py) validates tensors before calling in. No other file
+// includes pybind11: the operator itself is plain C++ (ops/moe_ffn.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "ops/moe_ffn.h"
+#include "ops/numa_partition.h"  // numa_stats
+#if defined(HINA_EMU_AMX)
+#include "emu/tile_emulator.h"
+#endif
+#if !defined(HINA_EMU_MODULE_NAME)
 #include "common.h"
-#include "microkernel.h"
+#endif
 
 namespace py = pybind11;
 using namespace hina;
 
+namespace {
+
+// A pointer field of MoeCall, seen from Python as an address (int, e.g. tensor.data_ptr()).
+template <class T>
+void address_field(py::class_<MoeCall>& cls, const char* name, T* MoeCall::*field) {
+  cls.def_property(
+      name, [field](const MoeCall& c) { return reinterpret_cast<uintptr_t>(c.*field); },
+      [field](MoeCall& c, uintptr_t v) { c.*field = reinterpret_cast<T*>(v); });
+}
+
+// The HiNa-MoE operator: one argument struct, MoeCall(**fields), then moe_ffn(call).
+void register_moe(py::module_& m) {
+  // module_local: the main and the emulated modules each bind their own MoeCall in one process
+  py::class_<MoeCall> call(m, "MoeCall", py::module_local(),
+      "The arguments of one moe_ffn call (see kernels/ops/moe_ffn.h): MoeCall(x=..., T=..., ...); "
+      "pointers as addresses, strides in elements. An unknown field name raises AttributeError.");
+  call.def(py::init([](const py::kwargs& fields) {
+    MoeCall c;
+    py::object self = py::cast(&c, py::return_value_policy::reference);
+    for (auto item : fields) py::setattr(self, item.first, item.second);
+    return c;
+  }));
+  address_field(call, "x", &MoeCall::x);
+  call.def_readwrite("T", &MoeCall::T).def_readwrite("H", &MoeCall::H)
+      .def_readwrite("I", &MoeCall::I).def_readwrite("ldx", &MoeCall::ldx);
+  address_field(call, "w_gate", &MoeCall::w_gate);
+  call.def_readwrite("gate_es", &MoeCall::gate_es).def_readwrite("gate_rs", &MoeCall::gate_rs);
+  address_field(call, "w_up", &MoeCall::w_up);
+  call.def_readwrite("up_es", &MoeCall::up_es).def_readwrite("up_rs", &MoeCall::up_rs);
+  address_field(call, "w_down", &MoeCall::w_down);
+  call.def_readwrite("down_es", &MoeCall::down_es).def_readwrite("down_rs", &MoeCall::down_rs)
+      .def_readwrite("E", &MoeCall::E);
+  address_field(call, "topk_ids", &MoeCall::topk_ids);
+  call.def_readwrite("k", &MoeCall::k);
+  address_field(call, "topk_weights", &MoeCall::topk_weights);
+  address_field(call, "out", &MoeCall::out);
+  call.def_readwrite("isa", &MoeCall::isa).def_readwrite("threads", &MoeCall::threads)
+      .def_readwrite("numa_nodes", &MoeCall::numa_nodes);
+  address_field(call, "mat_plan", &MoeCall::mat_plan);
+  address_field(call, "plan_hdr", &MoeCall::plan_hdr);
+  address_field(call, "seg_off", &MoeCall::seg_off);
+  address_field(call, "segs", &MoeCall::segs);
+  call.def_readwrite("node_cpus", &MoeCall::node_cpus);
+
+  m.def("moe_isas", &moe_isas, "The micro-kernels built into this module (not all usable here).");
+  m.def(
+      "moe_ffn",
+      [](const MoeCall& c) {
+        py::gil_scoped_release release;
+        moe_ffn(c);
+      },
+      py::arg("call"),
+      "HiNa-MoE expert FFN on raw buffers (validated by hinabench.kernels.moe_ffn): topk_ids int32 "
+      "[T,k], topk_weights fp32 [T,k], out bf16 [T,H], all contiguous. numa_nodes > 0: Algorithm 2 on "
+      "that many nodes with the flat plans (int32 mat_plan [3E], int64 plan_hdr [P,4] = T_x, phase "
+      "bytes, page bytes, seg_off base; int32 seg_off, int32 segs [S,3]); node_cpus[j]: CPUs to bind "
+      "node j's threads to (empty: no binding). Raises ValueError for bad input.");
+  m.def("moe_numa_debug", [](bool on) { numa_stats().enabled = on; }, py::arg("enabled"),
+        "Testing: count, per node, the weight bytes the partitioned kernel reads and check coverage.");
+  m.def("moe_numa_stats", [] {
+    const NumaStats& st = numa_stats();
+    py::dict d;
+    d["bytes"] = st.bytes;
+    d["remote_bytes"] = st.remote_bytes;
+    d["tasks"] = st.tasks;
+    d["rows_checked"] = st.rows_checked;
+    d["rows_bad"] = st.rows_bad;
+    d["first_error"] = st.first_error;
+    return d;
+  }, "Testing: what the last partitioned call read (with moe_numa_debug(True)).");
+  m.def("moe_scratch_bytes", &moe_last_scratch_bytes,
+        "Scratch bytes (packed I, activations, y rows) the last moe_ffn call used.");
+  m.def(
+      "linear",
+      [](uintptr_t x, int64_t T, int64_t K, int64_t ldx, uintptr_t w, int64_t N, int64_t ldw, uintptr_t out,
+         const std::string& isa, int threads) {
+        LinearCall c;
+        c.x = reinterpret_cast<const bf16_t*>(x);
+        c.T = T; c.K = K; c.ldx = ldx;
+        c.w = reinterpret_cast<const bf16_t*>(w);
+        c.N = N; c.ldw = ldw;
+        c.out = reinterpret_cast<bf16_t*>(out);
+        c.isa = isa;
+        c.threads = threads;
+        py::gil_scoped_release release;
+        linear(c);
+      },
+      py::kw_only(), py::arg("x"), py::arg("T"), py::arg("K"), py::arg("ldx"), py::arg("w"), py::arg("N"),
+      py::arg("ldw"), py::arg("out"), py::arg("isa"), py::arg("threads"),
+      "y = x W^T on raw buffers (validated by hinabench.kernels.linear), keywords only: x bf16 [T, K] "
+      "(row stride ldx), W bf16 [N, K] (row stride ldw), out bf16 [T, N] contiguous.");
+}
+
+#if defined(HINA_EMU_AMX)
+// ---- the software tile unit's own entry points, for tests/test_tile_emulator.py --------------------
+void register_tile_emulator(py::module_& m) {
+  auto sub = m.def_submodule("tile", "the software AMX tile unit (tests of its semantics)");
+  // Load a 64-byte configuration (raises RuntimeError on #GP), then run `program`: a list of
+  // (op, *args) with op in load/stream_load (tile, offset, stride), store (tile, offset, stride),
+  // zero (tile), and dpbf16ps/dpbssd/dpbsud/dpbusd/dpbuud (dst, a, b), on the bytearray `mem`.
+  // Releases the tiles afterwards.
+  sub.def("run", [](py::bytes cfg, py::list program, py::bytearray mem) {
+    std::string c = cfg;
+    if (c.size() != 64) throw std::invalid_argument("the tile configuration is 64 bytes");
+    char* base = PyByteArray_AsString(mem.ptr());
+    const size_t size = size_t(PyByteArray_Size(mem.ptr()));
+    struct Release { ~Release() { _tile_release(); } } release;
+    _tile_loadconfig(c.data());
+    for (auto item : program) {
+      auto op = item.cast<py::tuple>();
+      const std::string name = op[0].cast<std::string>();
+      auto mem_at = [&](size_t off, long stride) {  // 16 rows of 64 bytes must fit
+        if (stride < 0 || off + size_t(stride) * 15 + 64 > size)
+          throw std::out_of_range("tile access outside mem");
+        return base + off;
+      };
+      if (name == "load" || name == "stream_load" || name == "store") {
+        const int t = op[1].cast<int>();
+        const size_t off = op[2].cast<size_t>();
+        const long stride = op[3].cast<long>();
+        char* p = mem_at(off, stride);
+        if (name == "load") _tile_loadd(t, p, stride);
+        else if (name == "stream_load") _tile_stream_loadd(t, p, stride);
+        else _tile_stored(t, p, stride);
+      } else if (name == "zero") {
+        _tile_zero(op[1].cast<int>());
+      } else {
+        const int d = op[1].cast<int>(), a = op[2].cast<int>(), b = op[3].cast<int>();
+        if (name == "dpbf16ps") _tile_dpbf16ps(d, a, b);
+        else if (name == "dpbssd") _tile_dpbssd(d, a, b);
+        else if (name == "dpbsud") _tile_dpbsud(d, a, b);
+        else if (name == "dpbusd") _tile_dpbusd(d, a, b);
+        else if (name == "dpbuud") _tile_dpbuud(d, a, b);
+        else throw std::invalid_argument("unknown tile op '" + name + "'");
+      }
+    }
+  }, py::arg("cfg"), py::arg("program"), py::arg("mem"));
+  sub.def("storeconfig_after_load", [](py::bytes cfg) {
+    std::string c = cfg;
+    if (c.size() != 64) throw std::invalid_argument("the tile configuration is 64 bytes");
+    alignas(64) char out[64];
+    _tile_loadconfig(c.data());
+    _tile_storeconfig(out);
+    _tile_release();
+    return py::bytes(out, 64);
+  });
+}
+#endif
+
+}  // namespace
+
+#if defined(HINA_EMU_MODULE_NAME)
+PYBIND11_MODULE(HINA_EMU_MODULE_NAME, m) {
+  m.doc() = "HiNa-MoE operator with an emulated ISA (tests only: runs anywhere, slowly)";
+  register_moe(m);
+#if defined(HINA_EMU_AMX)
+  register_tile_emulator(m);
+#endif
+}
+#else
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hinabench C++ kernels: probes, deterministic fills, HiNa-MoE operators";
 
@@ -53,5 +227,5 @@ PYBIND11_MODULE(_C, m) {
       py::arg("dst"), py::arg("n"), py::arg("seed"), py::arg("scale"), py::arg("threads") = 0);
 
   register_moe(m);
-  register_linear(m);
 }
+#endif

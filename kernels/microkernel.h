@@ -1,37 +1,47 @@
-// The HiNa-MoE expert-FFN operator (paper Section 4): the interface between the driver
-// (moe_ffn.cpp) and the per-ISA micro-kernels (microkernel_<isa>.cpp), and the pybind11 entry
-// point shared by the main `_C` module and the emulated builds (`_C_amx_emu`, `_C_avx512_emu`).
+// The micro-kernel layer of the HiNa-MoE expert-FFN operator (paper Section 4): the table the driver
+// (ops/moe_ffn.cpp) calls through, and the contract every entry keeps.
 //
 // Division of labour (KTransformers/SGLang style: one operator driver over small per-ISA kernels):
 //   driver       group tokens by expert, schedule (expert, output-block) tasks on all threads,
-//                routing-weighted scatter-add back to token order;
-//   micro-kernel the three things that depend on the instructions:
+//                routing-weighted scatter-add back to token order (ops/moe_ffn.cpp); Algorithm 2's
+//                piece tasks and their reduction across nodes (ops/numa_partition.cpp);
+//   micro-kernel the things that depend on the instructions (isa/<isa>/, shared glue in glue.h):
 //                  pack_tokens  transformation 1: gather x rows into I, already in the layout the
 //                               ISA's MM wants ("transform I, not W");
 //                  gate_up      Algorithm 1 on W_gate and W_up, SiLU(gate)*up fused into the store,
 //                               which writes the activation in the same ISA layout (transformation 2);
 //                  down         Algorithm 1 on W_down, transpose fused into the store, which writes
-//                               y[token][h] row-major fp32 (transformation 3).
+//                               y[token][h] row-major fp32 (transformation 3);
+//                  piece_dots   the same products per canonical K piece (pieces.h), one slot each:
+//                               Algorithm 2's partial products, and plain rows of differing cuts;
+//                  store_act    transformation 2 on the driver's reduced sums.
 // Weights are read in place, in the framework's layout: out x in, row-major, rows contiguous
 // along K, any row stride and any expert stride. Nothing ever copies, repacks or converts them.
+//
+// The table is keyed (ISA, weight dtype): bf16 is the only dtype today; INT8 and FP8 add entries
+// (isa/<isa>/, with their own W loads) rather than branches. Blocking parameters are data next to
+// each micro-kernel (BLIS style): `Blocking`, read by glue.h's loop nest and by the driver.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
-namespace pybind11 { class module_; }
+#include "numeric.h"  // bf16_t
 
 namespace hina {
-
-using bf16_t = uint16_t;  // raw bfloat16 bits
 
 // H and I must be multiples of this (the AMX tile's k_r = 32; every MoE model we know uses
 // multiples of 128). Other shapes are rejected with a clear error: there is no tail code.
 constexpr int kShapeMultiple = 32;
 
+// Weight element types (the second key of the table).
+enum class Dtype : int { bf16 = 0 };
+
+// ---- tasks: what the driver hands a micro-kernel -------------------------------------------------
 // One gate/up task: rows [n0, n0 + n) of W_gate and W_up of one expert, for all M gathered tokens.
 // The driver issues fused tasks only when all rows of W_gate share their piece cuts, and all rows of
-// W_up theirs (row stride a multiple of 2048 elements); dots follow the canonical pieces above.
+// W_up theirs (row stride a multiple of 2048 elements); dots follow the canonical pieces (pieces.h).
 struct GateUpTask {
   const bf16_t* w_gate;  // row n0 of this expert's W_gate   [I, H], row stride ldw_gate
   const bf16_t* w_up;    // row n0 of this expert's W_up     [I, H], row stride ldw_up
@@ -56,46 +66,7 @@ struct DownTask {
   int64_t ldy;
 };
 
-// ---- Canonical K pieces: the fixed summation order shared by the plain and the NUMA kernels -------
-// Every dot product W[n] . I[m] is computed as a sum of *pieces*: row n is cut at each 4 KiB address
-// boundary (every 2 MiB boundary is one too), rounded UP to the 32-element chunk (the AMX k_r; one
-// 64-byte line when the row is 64-byte aligned, as torch allocates). Each piece is accumulated from
-// zero by the micro-kernel (its own register/tile accumulators, its own horizontal sum), and the
-// pieces are added to an fp32 0.f in ascending y. The plain kernel chains them in registers/L1; the
-// NUMA-partitioned kernel computes each node's pieces on that node and the driver adds all pieces
-// of a row in the same ascending order: the two give bit-identical results, for any node count,
-// page model or thread count. A piece never spans a page boundary, so every interleaving (4 KiB or
-// 2 MiB pages, any node count) assigns each whole piece to one node (a 32-element chunk that
-// straddles a page edge -- only when a row is not 64-byte aligned -- goes with its first element).
-constexpr int kPieceElems = 2048;  // bf16 elements per 4 KiB
-constexpr int kMaxPieces = 160;    // pieces per row at most (K <= 157 * 2048)
-
-// The first cut of a row at `p` (elements, a multiple of 32, in [0, 2048); 0: cuts at 2048, 4096..).
-static inline int piece_phase(const void* p) {
-  const int b = int((4096 - (reinterpret_cast<uintptr_t>(p) & 4095)) & 4095) / 2;
-  return ((b + 31) & ~31) & (kPieceElems - 1);
-}
-// End of the piece starting at y (the first cut > y, capped at K).
-static inline int piece_end(int y, int c0, int K) {
-  const int c = c0 + kPieceElems * ((y - c0 + kPieceElems) / kPieceElems);
-  return c < K ? c : K;
-}
-// Ordinal of the piece starting at y within its row (the number of cuts <= y).
-static inline int piece_ordinal(int y, int c0) {
-  if (c0 == 0) return y / kPieceElems;
-  return y < c0 ? 0 : (y - c0) / kPieceElems + 1;
-}
-// All pieces of [0, K) for first cut c0, as (k0, k1) pairs; returns how many.
-static inline int row_pieces(int c0, int K, int32_t* out) {
-  int n = 0;
-  for (int y = 0; y < K; y = piece_end(y, c0, K), ++n) {
-    out[2 * n] = y;
-    out[2 * n + 1] = piece_end(y, c0, K);
-  }
-  return n;
-}
-
-// One NUMA-partition task (or a plain-kernel task on rows of differing piece cuts): rows
+// One piece task (Algorithm 2, or a plain-kernel task on rows of differing piece cuts): rows
 // w, w + ldw, ..., w + (nrows-1)*ldw (ldw = T_x * row stride: rows x, x+T_x, ... share their cuts),
 // for the listed pieces only; every piece's product goes to its own slot:
 //   out[(r * npieces + p) * M + m] = sum_{k in piece p} W_r[k] * I_m[k]   (fresh accumulators)
@@ -110,62 +81,63 @@ struct PieceTask {
   float* out;
 };
 
+// ---- blocking: data next to each micro-kernel ----------------------------------------------------
+// task_rows is read by the driver (rows per output-block task); the rest by glue.h's loop nest for
+// the dot-product kernels (AVX2, AVX-512); AMX's blocking is fixed by its tiles (isa/amx/).
+struct Blocking {
+  int task_rows;         // preferred output-block rows per task (a multiple of 32)
+  // decode, M <= decode_max_m tokens: every W row streamed once, all M tokens in registers,
+  // decode_rows[M] W rows per tile
+  int decode_max_m;
+  int decode_rows[5];
+  // blocked, M > decode_max_m: tiles of mr W rows x nr tokens
+  int mr, nr;
+  int k_group;           // K span of a group of pieces (0: one piece per group)
+  int k_sub;             // K sub-block of a piece, accumulators carried across (0: the whole piece)
+  int mb_max;            // tokens per block at most
+  int mb_min;            // tokens per block at least (when mb_l2_bytes bounds it)
+  int mb_l2_bytes;       // L2 budget for a token block's I slice over a group (0: always mb_max)
+  bool token_blocks_outer;  // loop order: token blocks outside K groups (else inside)
+  bool prefetch_next;    // prefetch the next W sub-block while a tile runs
+};
+
+// ---- the table -----------------------------------------------------------------------------------
 struct MicroKernel {
-  const char* isa;
-  int row_block;  // preferred output-block rows per task (a multiple of 32)
+  const char* isa;       // the name Python passes: "scalar", "avx2", "avx512-emulated", ...
+  Dtype dtype;
+  const char* cpu_isa;   // isa_usable() must say yes before any call (nullptr: portable code)
+  Blocking blocking;
   // Bytes of a packed [M, K] matrix in this kernel's layout (64-byte aligned by the caller).
   size_t (*packed_bytes)(int M, int K);
   // Transformation 1: I[m] = x[rows[m]] for m < M, written in this kernel's layout.
   void (*pack_tokens)(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, void* I);
   void (*gate_up)(const GateUpTask& t);
   void (*down)(const DownTask& t);
-  // The NUMA path (and plain rows with differing cuts): piece products, then transformation 2 on
-  // the driver's reduced sums: act columns [n0, n0+n) = SiLU(gate[j*M+m]) * up[j*M+m] in this
-  // kernel's activation layout (n0, n multiples of 32), exactly as gate_up's fused store does.
+  // The piece path: piece products, then transformation 2 on the driver's reduced sums:
+  // act columns [n0, n0+n) = SiLU(gate[j*M+m]) * up[j*M+m] in this kernel's activation layout
+  // (n0, n multiples of 32), exactly as gate_up's fused store does.
   void (*piece_dots)(const PieceTask& t);
   void (*store_act)(void* act, int act_K, int n0, int n, int M, const float* gate, const float* up);
 };
 
-// Per-ISA kernels (each in its own translation unit with its own ISA flags). A kernel is only ever
-// called after cpu.cpp's isa_usable() said yes, so the module imports on any x86-64 CPU.
-const MicroKernel& microkernel_scalar();
+// The entries, one per ISA file (isa/<isa>/), each constant-initialised data: reading an entry runs
+// none of its ISA's instructions. In the emulated modules the AMX / AVX-512 entries are the same
+// sources built against emu/tile_emulator.h / SIMDe, named "amx-emulated" / "avx512-emulated".
+extern const MicroKernel microkernel_scalar_bf16;
 #if defined(HINA_EMU_AMX)
-const MicroKernel& microkernel_amx();      // built against tile_emulator.h: isa "amx-emulated"
-void register_tile_emulator_tests(pybind11::module_& m);  // the emulator's own entry points
+extern const MicroKernel microkernel_amx_bf16;
 #elif defined(HINA_EMU_AVX512)
-const MicroKernel& microkernel_avx512();   // built against SIMDe: isa "avx512-emulated"
+extern const MicroKernel microkernel_avx512_bf16;
 #else
-const MicroKernel& microkernel_avx2();
-const MicroKernel& microkernel_avx512();
-const MicroKernel& microkernel_amx();
+extern const MicroKernel microkernel_avx2_bf16;
+extern const MicroKernel microkernel_avx512_bf16;
+extern const MicroKernel microkernel_amx_bf16;
 #endif
 
-// SiLU(g) * u in fp32, shared by every kernel's gate_up store (transformation 2). These helpers are
-// static: each ISA-flagged file keeps its own copy (see the note in microkernel_avx2.cpp).
-static inline float silu_mul(float g, float u) {
-  return g / (1.0f + __builtin_expf(-g)) * u;
-}
-
-// fp32 -> bf16, round to nearest even (NaN kept quiet).
-static inline bf16_t f32_to_bf16(float f) {
-  uint32_t u;
-  __builtin_memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return bf16_t(u >> 16);
-}
-static inline float bf16_to_f32(bf16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  __builtin_memcpy(&f, &u, 4);
-  return f;
-}
-
-// The micro-kernel a call asks for by name; throws for an ISA not built in or not usable here.
-const MicroKernel& select_microkernel(const std::string& isa);
-
-// Adds the operators' entry points to a module (the main `_C` and the emulated builds alike).
-void register_moe(pybind11::module_& m);
-void register_linear(pybind11::module_& m);   // linear.cpp: y = x W^T on the same micro-kernels
+// The micro-kernels built into this module (microkernel.cpp): scalar, then the SIMD kernels.
+const std::vector<const MicroKernel*>& microkernels();
+// The (isa, dtype) entry, looked up per call. Throws std::invalid_argument if it is not built into
+// this module, or if the CPU (or the OS) does not allow its ISA: never SIGILL.
+const MicroKernel& find_microkernel(const std::string& isa, Dtype dtype);
 
 }  // namespace hina

@@ -286,9 +286,11 @@ def test_missing_isa_raises_not_sigill(isa):
         # the C++ entry point refuses too, even when called directly
         from hinabench import _C
         try:
-            _C.moe_ffn(x.data_ptr(), 2, 64, 32, 64, w13.data_ptr(), 64*64, 64, w13.data_ptr(), 64*64, 64,
-                       wd.data_ptr(), 64*32, 32, 2, ids.data_ptr(), 1, torch.ones(2,1).data_ptr(),
-                       torch.empty(2, 64, dtype=torch.bfloat16).data_ptr(), "{isa}", 1)
+            _C.moe_ffn(_C.MoeCall(x=x.data_ptr(), T=2, H=64, I=32, ldx=64,
+                       w_gate=w13.data_ptr(), gate_es=64*64, gate_rs=64, w_up=w13.data_ptr(), up_es=64*64, up_rs=64,
+                       w_down=wd.data_ptr(), down_es=64*32, down_rs=32, E=2, topk_ids=ids.data_ptr(), k=1,
+                       topk_weights=torch.ones(2,1).data_ptr(),
+                       out=torch.empty(2, 64, dtype=torch.bfloat16).data_ptr(), isa="{isa}", threads=1))
         except ValueError as e:
             print("C++ raised:", e)
         else:

@@ -1,6 +1,6 @@
 # Emulated builds of the AMX and AVX-512 micro-kernels, so their logic is tested on CPUs that lack
 # the ISA (this machine: AVX2 only). Each is its own module with the SAME micro-kernel source and the
-# same driver (moe_ffn.cpp), compiled WITHOUT any AMX/AVX-512 flag:
+# same driver (ops/, bindings.cpp: ${HINA_OPERATOR_SOURCES}), compiled WITHOUT any AMX/AVX-512 flag:
 #   hinabench._C_amx_emu     microkernel_amx.cpp against kernels/emu/tile_emulator.h    isa "amx-emulated"
 #   hinabench._C_avx512_emu  microkernel_avx512.cpp against SIMDe's portable AVX-512 isa "avx512-emulated"
 # The micro-kernel files carry per-file ISA flags in CMakeLists.txt (source properties are per
@@ -23,10 +23,7 @@ endforeach()
 
 # ---- AMX on the software tile unit ----------------------------------------------------------------
 pybind11_add_module(_C_amx_emu NO_EXTRAS
-  kernels/ops/moe_ffn.cpp
-  kernels/ops/numa_partition.cpp
-  kernels/isa/scalar/microkernel_scalar.cpp
-  kernels/ops/linear.cpp
+  ${HINA_OPERATOR_SOURCES}
   "${HINA_EMU_DIR}/microkernel_amx_emulated.cpp")
 target_include_directories(_C_amx_emu PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}/kernels")
 target_compile_definitions(_C_amx_emu PRIVATE HINA_EMU_AMX HINA_EMU_MODULE_NAME=_C_amx_emu)
@@ -42,10 +39,7 @@ execute_process(
   RESULT_VARIABLE _simde_rc ERROR_QUIET)
 if(_simde_rc EQUAL 0 AND EXISTS "${HINA_SIMDE_INCLUDE}/simde/x86/avx512.h")
   pybind11_add_module(_C_avx512_emu NO_EXTRAS
-    kernels/ops/moe_ffn.cpp
-    kernels/ops/numa_partition.cpp
-    kernels/isa/scalar/microkernel_scalar.cpp
-    kernels/ops/linear.cpp
+    ${HINA_OPERATOR_SOURCES}
     "${HINA_EMU_DIR}/microkernel_avx512_emulated.cpp")
   target_include_directories(_C_avx512_emu PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}/kernels")
   target_include_directories(_C_avx512_emu SYSTEM PRIVATE "${HINA_SIMDE_INCLUDE}")

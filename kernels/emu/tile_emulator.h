@@ -2,7 +2,7 @@
 // `_tile_stream_loadd`, `_tile_stored`, `_tile_zero`, `_tile_release`, `_tile_dpbf16ps`,
 // `_tile_dpbssd`/`_tile_dpbsud`/`_tile_dpbusd`/`_tile_dpbuud`) in portable C++, with the semantics
 // of the Intel SDM (Vol. 2, "Intel AMX" instructions; palette 1). For tests only: the AMX
-// micro-kernel source (microkernel_amx.cpp) is compiled against this header instead of
+// micro-kernel source (isa/amx/microkernel_amx.cpp) is compiled against this header instead of
 // <immintrin.h> (module `_C_amx_emu`, isa "amx-emulated"), so its logic runs on any CPU.
 //
 // What is modelled

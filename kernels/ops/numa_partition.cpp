@@ -1,7 +1,9 @@
-// Algorithm 2's work lists from S_index, canonical pieces, thread grouping and binding, and the
-// testing counters. See numa_partition.h.
+// Algorithm 2's work lists from S_index, canonical pieces, the piece path (partial products per
+// node, the reduction across nodes), thread grouping and binding, and the testing counters.
+// See numa_partition.h.
 #include "ops/numa_partition.h"
 
+#include <omp.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -23,14 +25,38 @@ MatrixPlan NumaPlans::plan(int kind, int64_t e) const {
   return mp;
 }
 
+NumaPlans numa_plans_of(const MoeCall& a) {
+  if (!a.mat_plan || !a.plan_hdr || !a.seg_off || !a.segs)
+    throw std::invalid_argument("numa_nodes > 0 needs the plan arrays");
+  NumaPlans plans;
+  plans.nodes = a.numa_nodes;
+  plans.E = a.E;
+  plans.mat_plan = a.mat_plan;
+  plans.plan_hdr = a.plan_hdr;
+  plans.seg_off = a.seg_off;
+  plans.segs = a.segs;
+  plans.node_cpus = a.node_cpus;
+  return plans;
+}
+
 int max_pieces(int K) { return K / kPieceElems + 2; }
 
 int plain_period(int64_t ldw) { return int(kPieceElems / std::gcd<int64_t>(ldw, kPieceElems)); }
 
+namespace {
 int row_piece_count(const bf16_t* row, int K) {
   const int c0 = piece_phase(row);
   return piece_ordinal(K - 1, c0) + 1;
 }
+
+// Row n's reduced dot for token m: its pieces added to 0.f in ascending y (the canonical order).
+inline float reduce_row(const PieceMatrix& pm, int n, int m, int npieces_row) {
+  const float* p = pm.partial + int64_t(n) * pm.max_pieces * pm.M + m;
+  float v = 0.f;
+  for (int q = 0; q < npieces_row; ++q) v += p[int64_t(q) * pm.M];
+  return v;
+}
+}  // namespace
 
 static inline int ceil32(int y) { return (y + kShapeMultiple - 1) & ~(kShapeMultiple - 1); }
 
@@ -98,8 +124,8 @@ struct ThreadBuf {
   }
 };
 thread_local ThreadBuf tl_out;
-}  // namespace
 
+// Runs one task on the calling thread (scratch: thread-local).
 void run_piece_task(const PieceWork& work, const PieceTaskRef& t, const MicroKernel& mk) {
   const PieceMatrix& pm = work.mats[t.mat];
   const int T_x = period_of(pm);
@@ -124,6 +150,119 @@ void run_piece_task(const PieceWork& work, const PieceTaskRef& t, const MicroKer
       for (int m = 0; m < pm.M; ++m) dst[m] = src[m];
     }
   }
+}
+}  // namespace
+
+// ---- the piece path ------------------------------------------------------------------------------
+// Rows per piece task (Algorithm 2: 32 rows x, x+T_x, ... fill the two W tiles).
+constexpr int kPieceTaskRows = 32;
+
+PiecePath::PiecePath(const MoeCall& call, const NumaPlans* numa, bool gate_up, bool down)
+    : call_(call), numa_(numa), gate_up_(gate_up), down_(down), nodes_(numa ? numa->nodes : 1),
+      mp_gu_(max_pieces(int(call.H))), mp_down_(max_pieces(int(call.I))),
+      next_gu_(nodes_), next_down_(nodes_) {
+  for (int j = 0; j < nodes_; ++j) { next_gu_[j] = 0; next_down_[j] = 0; }
+}
+
+size_t PiecePath::gate_up_partial_bytes(int M) const {
+  return gate_up_ ? 2 * size_t(call_.I) * mp_gu_ * size_t(M) * sizeof(float) : 0;
+}
+size_t PiecePath::down_partial_bytes(int M) const {
+  return down_ ? size_t(call_.H) * mp_down_ * size_t(M) * sizeof(float) : 0;
+}
+
+void PiecePath::build(const std::vector<ExpertSlot>& slots, const std::vector<float*>& partial_gu,
+                      const std::vector<float*>& partial_down, int threads) {
+  slots_ = slots;
+  if (!gate_up_ && !down_) return;
+  const MoeCall& a = call_;
+  const int H = int(a.H), I = int(a.I);
+  for (size_t s = 0; s < slots.size(); ++s) {
+    const int32_t e = slots[s].e;
+    const int M = slots[s].M;
+    auto plan = [&](int kind) { return numa_ ? numa_->plan(kind, e) : MatrixPlan{1, 0, 4096, nullptr, nullptr}; };
+    if (gate_up_) {
+      float* pg = partial_gu[s];
+      work_gu_.mats.push_back({a.w_gate + e * a.gate_es, a.gate_rs, I, H, M, slots[s].I, pg, mp_gu_, plan(0)});
+      work_gu_.mats.push_back({a.w_up + e * a.up_es, a.up_rs, I, H, M, slots[s].I,
+                               pg + size_t(I) * mp_gu_ * M, mp_gu_, plan(1)});
+    }
+    if (down_)
+      work_down_.mats.push_back({a.w_down + e * a.down_es, a.down_rs, H, I, M, slots[s].act,
+                                 partial_down[s], mp_down_, plan(2)});
+  }
+  if (gate_up_) work_gu_.build(nodes_, kPieceTaskRows);
+  if (down_) work_down_.build(nodes_, kPieceTaskRows);
+  stats_ = numa_ && numa_stats().enabled;
+  if (stats_) numa_stats_begin(nodes_, threads);
+  for (int32_t s = 0; s < int32_t(slots.size()); ++s) {
+    if (gate_up_) for (int32_t n0 = 0; n0 < I; n0 += kShapeMultiple) red_gu_.push_back({s, n0});
+    if (down_) for (int32_t n0 = 0; n0 < H; n0 += kShapeMultiple) red_down_.push_back({s, n0});
+  }
+}
+
+// Each of this thread's nodes: bind to the node's CPUs (real nodes), then take its tasks.
+void PiecePath::run_pieces(PieceThread& me, const PieceWork& work, int work_id,
+                           std::vector<std::atomic<int>>& next, const MicroKernel& mk, FirstError& err) {
+  for (int j : me.nodes_) {
+    if (numa_ && j < int(numa_->node_cpus.size())) me.affinity_.bind(numa_->node_cpus[j]);
+    const auto& q = work.per_node[j];
+    for (int i = next[j]++; i < int(q.size()); i = next[j]++)
+      err.guard([&] {
+        run_piece_task(work, q[i], mk);
+        if (stats_) numa_stats_record(work, work_id, q[i], me.thread_);
+      });
+  }
+}
+
+void PiecePath::run_gate_up(PieceThread& me, const MicroKernel& mk, FirstError& err) {
+  run_pieces(me, work_gu_, 0, next_gu_, mk, err);
+#pragma omp barrier
+  // the reduction across nodes (every row's pieces in ascending y), then transformation 2
+#pragma omp for schedule(dynamic, 4)
+  for (size_t i = 0; i < red_gu_.size(); ++i) {
+    err.guard([&] {
+      const Red tk = red_gu_[i];
+      const PieceMatrix& pg = work_gu_.mats[2 * tk.slot];
+      const PieceMatrix& pu = work_gu_.mats[2 * tk.slot + 1];
+      const int M = pg.M, n = kShapeMultiple;
+      std::vector<float> gu(size_t(2) * n * M);
+      for (int j = 0; j < n; ++j) {
+        const int r = tk.n0 + j;
+        const int npg = row_piece_count(pg.w + r * pg.ldw, pg.K);
+        const int npu = row_piece_count(pu.w + r * pu.ldw, pu.K);
+        for (int m = 0; m < M; ++m) {
+          gu[j * M + m] = reduce_row(pg, r, m, npg);
+          gu[(n + j) * M + m] = reduce_row(pu, r, m, npu);
+        }
+      }
+      mk.store_act(slots_[tk.slot].act, int(call_.I), tk.n0, n, M, gu.data(), gu.data() + n * M);
+    });
+  }
+}
+
+void PiecePath::run_down(PieceThread& me, const MicroKernel& mk, FirstError& err) {
+  run_pieces(me, work_down_, 1, next_down_, mk, err);
+#pragma omp barrier
+  // the reduction across nodes, then transformation 3: y rows, token-major
+  const int64_t H = call_.H;
+#pragma omp for schedule(dynamic, 4)
+  for (size_t i = 0; i < red_down_.size(); ++i) {
+    err.guard([&] {
+      const Red tk = red_down_[i];
+      const PieceMatrix& pd = work_down_.mats[tk.slot];
+      float* ys = slots_[tk.slot].y;
+      for (int j = 0; j < kShapeMultiple; ++j) {
+        const int r = tk.n0 + j;
+        const int np = row_piece_count(pd.w + r * pd.ldw, pd.K);
+        for (int m = 0; m < pd.M; ++m) ys[m * H + r] = reduce_row(pd, r, m, np);
+      }
+    });
+  }
+}
+
+void PiecePath::finish() {
+  if (stats_) numa_stats_finish({&work_gu_, &work_down_});
 }
 
 std::vector<int> nodes_of_thread(int thread, int threads, int nodes) {

@@ -18,35 +18,19 @@
 //   down:    C transposed into token-major y rows (transformation 3).
 //
 // Built twice from this one source: for real (-mamx-tile -mamx-bf16, `_C`, isa "amx") and against
-// tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated"), so the logic is tested
+// emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated"), so the logic is tested
 // on CPUs without AMX. The tile-operand code uses only `_tile_*` intrinsics; the transforms are
-// plain C++ on the L1-resident tile stores.
+// plain C++ on the L1-resident tile stores (glue.h's stores, shared with every kernel).
 #if defined(HINA_EMU_AMX)
 #include "emu/tile_emulator.h"
 #else
 #include <immintrin.h>
 #endif
 
-#include <cstdlib>
-#include <cstring>
-
-#include "microkernel.h"
-
-#if defined(HINA_EMU_AMX)
-#include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
-#endif
+#include "glue.h"
 
 namespace hina {
-namespace amx_kernel {
-namespace {
-
-// This file has its own ISA flags: it must not share out-of-line inline/template code (COMDAT,
-// e.g. std::vector members) with files built for other ISAs, or the linker may keep this file's
-// copy for everyone. So: no STL containers or algorithms here, only internal-linkage helpers.
-inline int imin(int a, int b) { return a < b ? a : b; }
-inline int imax(int a, int b) { return a > b ? a : b; }
-
+namespace {  // internal linkage: see glue.h, LINKAGE
 
 constexpr int kKr = 32;       // bf16 along K per tile row (64 bytes)
 constexpr int kTokTile = 16;  // tokens per B tile (16 pairs of K x 16 tokens x 2 bf16)
@@ -109,7 +93,7 @@ void configure(Shape s) {
   _tile_loadconfig(&cfg);
 }
 
-// One canonical piece: K blocks [kb0, kb1) with fresh accumulators (moe_ffn.h), stored to C.
+// One canonical piece: K blocks [kb0, kb1) with fresh accumulators (pieces.h), stored to C.
 template <bool kStreamW>
 void algorithm1(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int kb0, int kb1, Shape s,
                 float* C) {
@@ -182,177 +166,101 @@ inline const uint8_t* token_group(const void* packed, int m0, int KB) {
   return static_cast<const uint8_t*>(packed) + size_t(m0 / kTokTile) * KB * 1024;
 }
 
-// Gate & up, SiLU(gate)*up fused into the store, written as the down projection's B tiles:
-// C rows 2kp and 2kp+1 of a token become the bf16 pair at row kp of its B tile (transformation 2).
-// With M <= 32 there is one token step, so each W row is streamed once (TILELOADDT1).
-void gate_up(const GateUpTask& t) {
-  alignas(64) float G[kNr * kMr], U[kNr * kMr];
-  uint32_t* act = static_cast<uint32_t*>(t.act);
-  const int KB = t.K / kKr, KBa = t.act_K / kKr;
-  const bool stream = t.M <= kMr;
+// Transformation 2's store, element k of token m: bf16 into its half of the VNNI pair
+// (k / 2, token m) of the B tiles the down projection loads.
+struct Amx {
+  static void put_act(void* act, int act_K, int m, int k, float v) {
+    static_cast<bf16_t*>(act)[2 * vnni_pair_index(m, k / 2, act_K / kKr) + (k & 1)] = f32_to_bf16(v);
+  }
+};
+
+// W's load hint, chosen once per task: with M <= 32 tokens there is one token step, W has no reuse
+// and is streamed (TILELOADDT1, Section 4.2.2); f gets it as a type, Hint<true> or Hint<false>.
+template <bool kStream> struct Hint { static constexpr bool stream = kStream; };
+template <class F>
+inline void with_w_hint(int M, F&& f) {
+  if (M <= kMr) f(Hint<true>{});
+  else f(Hint<false>{});
+}
+
+// Algorithm 1's outer loops: blocks of 32 W rows (fewer at the end of the NUMA path's row classes)
+// x 32 tokens, the tile configuration set when the block's shape changes; the tiles are released
+// after the last block.
+template <class F>
+inline void for_each_block(int nrows, int M, F&& f) {
   TileShapeCache tiles;
-  for (int r0 = 0; r0 < t.n; r0 += kNr) {
-    for (int m0 = 0; m0 < t.M; m0 += kMr) {
-      const int mt = imin(kMr, t.M - m0);
-      const Shape s = shape_of(mt);
+  for (int r0 = 0; r0 < nrows; r0 += kNr) {
+    const int rows = imin(kNr, nrows - r0);
+    for (int m0 = 0; m0 < M; m0 += kMr) {
+      const int mt = imin(kMr, M - m0);
+      const Shape s = shape_of(mt, rows);
       tiles.use(s);
-      const uint8_t* B = token_group(t.I, m0, KB);
-      if (stream) {
-        algorithm1_pieces<true>(t.w_gate + r0 * t.ldw_gate, t.ldw_gate, B, KB, s, G);
-        algorithm1_pieces<true>(t.w_up + r0 * t.ldw_up, t.ldw_up, B, KB, s, U);
-      } else {
-        algorithm1_pieces<false>(t.w_gate + r0 * t.ldw_gate, t.ldw_gate, B, KB, s, G);
-        algorithm1_pieces<false>(t.w_up + r0 * t.ldw_up, t.ldw_up, B, KB, s, U);
-      }
-      // line 4: the second layout transformation
-      for (int m = 0; m < mt; ++m)
-        for (int kp = 0; kp < kNr / 2; ++kp) {
-          const int r = 2 * kp;
-          const uint32_t lo = f32_to_bf16(silu_mul(G[r * kMr + m], U[r * kMr + m]));
-          const uint32_t hi = f32_to_bf16(silu_mul(G[(r + 1) * kMr + m], U[(r + 1) * kMr + m]));
-          act[vnni_pair_index(m0 + m, (t.n0 + r0) / 2 + kp, KBa)] = lo | (hi << 16);
-        }
+      f(r0, rows, m0, mt, s);
     }
   }
   _tile_release();
 }
 
+// Gate & up, SiLU(gate)*up fused into the store, written as the down projection's B tiles:
+// C rows 2kp and 2kp+1 of a token become the bf16 pair at row kp of its B tile (transformation 2).
+void gate_up(const GateUpTask& t) {
+  const int KB = t.K / kKr;
+  with_w_hint(t.M, [&](auto hint) {
+    constexpr bool kStream = decltype(hint)::stream;
+    alignas(64) float G[kNr * kMr], U[kNr * kMr];
+    for_each_block(t.n, t.M, [&](int r0, int, int m0, int mt, Shape s) {
+      const uint8_t* B = token_group(t.I, m0, KB);
+      algorithm1_pieces<kStream>(t.w_gate + r0 * t.ldw_gate, t.ldw_gate, B, KB, s, G);
+      algorithm1_pieces<kStream>(t.w_up + r0 * t.ldw_up, t.ldw_up, B, KB, s, U);
+      // line 4: the second layout transformation
+      store_act_block<Amx>(t.act, t.act_K, t.n0 + r0, kNr, m0, mt, G, U, kMr);
+    });
+  });
+}
+
 // Down projection; the transpose fused into the store: y[m][n0 + r] = C[r][m] (transformation 3).
 void down(const DownTask& t) {
-  alignas(64) float C[kNr * kMr];
   const int KB = t.K / kKr;
-  const bool stream = t.M <= kMr;
-  TileShapeCache tiles;
-  for (int r0 = 0; r0 < t.n; r0 += kNr) {
-    for (int m0 = 0; m0 < t.M; m0 += kMr) {
-      const int mt = imin(kMr, t.M - m0);
-      const Shape s = shape_of(mt);
-      tiles.use(s);
-      const uint8_t* B = token_group(t.act, m0, KB);
-      if (stream) algorithm1_pieces<true>(t.w_down + r0 * t.ldw, t.ldw, B, KB, s, C);
-      else algorithm1_pieces<false>(t.w_down + r0 * t.ldw, t.ldw, B, KB, s, C);
+  with_w_hint(t.M, [&](auto hint) {
+    alignas(64) float C[kNr * kMr];
+    for_each_block(t.n, t.M, [&](int r0, int, int m0, int mt, Shape s) {
+      algorithm1_pieces<decltype(hint)::stream>(t.w_down + r0 * t.ldw, t.ldw,
+                                                token_group(t.act, m0, KB), KB, s, C);
       // line 4: the third layout transformation
-      for (int m = 0; m < mt; ++m) {
-        float* yr = t.y + (m0 + m) * t.ldy + t.n0 + r0;
-        for (int r = 0; r < kNr; ++r) yr[r] = C[r * kMr + m];
-      }
-    }
-  }
-  _tile_release();
+      store_y(t.y + m0 * t.ldy, t.ldy, t.n0 + r0, kNr, mt, C, kMr);
+    });
+  });
 }
 
 // Algorithm 2's micro-kernel: rows w + r*ldw (x, x+T_x, ...: 32 of them per step, fewer at the end
 // of a row class), only the listed pieces (this node's local segments), one output slot per piece.
 void piece_dots(const PieceTask& t) {
-  alignas(64) float C[kNr * kMr];
   const int KB = t.K / kKr;
-  const bool stream = t.M <= kMr;
-  TileShapeCache tiles;
-  for (int r0 = 0; r0 < t.nrows; r0 += kNr) {
-    const int rows = imin(kNr, t.nrows - r0);
-    for (int m0 = 0; m0 < t.M; m0 += kMr) {
-      const int mt = imin(kMr, t.M - m0);
-      const Shape s = shape_of(mt, rows);
-      tiles.use(s);
+  with_w_hint(t.M, [&](auto hint) {
+    alignas(64) float C[kNr * kMr];
+    for_each_block(t.nrows, t.M, [&](int r0, int rows, int m0, int mt, Shape s) {
       const uint8_t* B = token_group(t.I, m0, KB);
       for (int p = 0; p < t.npieces; ++p) {
         const int kb0 = t.pieces[2 * p] / kKr, kb1 = t.pieces[2 * p + 1] / kKr;
-        if (stream) algorithm1<true>(t.w + r0 * t.ldw, t.ldw, B, KB, kb0, kb1, s, C);
-        else algorithm1<false>(t.w + r0 * t.ldw, t.ldw, B, KB, kb0, kb1, s, C);
+        algorithm1<decltype(hint)::stream>(t.w + r0 * t.ldw, t.ldw, B, KB, kb0, kb1, s, C);
         for (int r = 0; r < rows; ++r)
           for (int m = 0; m < mt; ++m)
             t.out[(int64_t(r0 + r) * t.npieces + p) * t.M + m0 + m] = 0.f + C[r * kMr + m];
       }
-    }
-  }
-  _tile_release();
-}
-
-// Transformation 2 on reduced sums: the same store as gate_up's (bf16 pairs into B tiles).
-void store_act(void* act_v, int act_K, int n0, int n, int M, const float* g, const float* u) {
-  uint32_t* act = static_cast<uint32_t*>(act_v);
-  const int KBa = act_K / kKr;
-  for (int m = 0; m < M; ++m)
-    for (int kp = 0; kp < n / 2; ++kp) {
-      const int r = 2 * kp;
-      const uint32_t lo = f32_to_bf16(silu_mul(g[r * M + m], u[r * M + m]));
-      const uint32_t hi = f32_to_bf16(silu_mul(g[(r + 1) * M + m], u[(r + 1) * M + m]));
-      act[vnni_pair_index(m, n0 / 2 + kp, KBa)] = lo | (hi << 16);
-    }
+    });
+  });
 }
 
 }  // namespace
-}  // namespace amx_kernel
 
-using namespace amx_kernel;
-
-const MicroKernel& microkernel_amx() {
+const MicroKernel microkernel_amx_bf16{
 #if defined(HINA_EMU_AMX)
-  static const MicroKernel mk{"amx-emulated", 64, packed_bytes, pack_tokens, gate_up, down,
-                              piece_dots, store_act};
+    "amx-emulated", Dtype::bf16, nullptr,
 #else
-  static const MicroKernel mk{"amx", 64, packed_bytes, pack_tokens, gate_up, down,
-                              piece_dots, store_act};
+    "amx", Dtype::bf16, "amx",
 #endif
-  return mk;
-}
-
-#if defined(HINA_EMU_AMX)
-// ---- the emulator's own entry points, for tests/test_tile_emulator.py ---------------------------
-namespace py = pybind11;
-
-void register_tile_emulator_tests(py::module_& m) {
-  auto sub = m.def_submodule("tile", "the software AMX tile unit (tests of its semantics)");
-  // Load a 64-byte configuration (raises RuntimeError on #GP), then run `program`: a list of
-  // (op, *args) with op in load/stream_load (tile, offset, stride), store (tile, offset, stride),
-  // zero (tile), and dpbf16ps/dpbssd/dpbsud/dpbusd/dpbuud (dst, a, b), on the bytearray `mem`.
-  // Releases the tiles afterwards.
-  sub.def("run", [](py::bytes cfg, py::list program, py::bytearray mem) {
-    std::string c = cfg;
-    if (c.size() != 64) throw std::invalid_argument("the tile configuration is 64 bytes");
-    char* base = PyByteArray_AsString(mem.ptr());
-    const size_t size = size_t(PyByteArray_Size(mem.ptr()));
-    struct Release { ~Release() { _tile_release(); } } release;
-    _tile_loadconfig(c.data());
-    for (auto item : program) {
-      auto op = item.cast<py::tuple>();
-      const std::string name = op[0].cast<std::string>();
-      auto mem_at = [&](size_t off, long stride) {  // 16 rows of 64 bytes must fit
-        if (stride < 0 || off + size_t(stride) * 15 + 64 > size)
-          throw std::out_of_range("tile access outside mem");
-        return base + off;
-      };
-      if (name == "load" || name == "stream_load" || name == "store") {
-        const int t = op[1].cast<int>();
-        const size_t off = op[2].cast<size_t>();
-        const long stride = op[3].cast<long>();
-        char* p = mem_at(off, stride);
-        if (name == "load") _tile_loadd(t, p, stride);
-        else if (name == "stream_load") _tile_stream_loadd(t, p, stride);
-        else _tile_stored(t, p, stride);
-      } else if (name == "zero") {
-        _tile_zero(op[1].cast<int>());
-      } else {
-        const int d = op[1].cast<int>(), a = op[2].cast<int>(), b = op[3].cast<int>();
-        if (name == "dpbf16ps") _tile_dpbf16ps(d, a, b);
-        else if (name == "dpbssd") _tile_dpbssd(d, a, b);
-        else if (name == "dpbsud") _tile_dpbsud(d, a, b);
-        else if (name == "dpbusd") _tile_dpbusd(d, a, b);
-        else if (name == "dpbuud") _tile_dpbuud(d, a, b);
-        else throw std::invalid_argument("unknown tile op '" + name + "'");
-      }
-    }
-  }, py::arg("cfg"), py::arg("program"), py::arg("mem"));
-  sub.def("storeconfig_after_load", [](py::bytes cfg) {
-    std::string c = cfg;
-    if (c.size() != 64) throw std::invalid_argument("the tile configuration is 64 bytes");
-    alignas(64) char out[64];
-    _tile_loadconfig(c.data());
-    _tile_storeconfig(out);
-    _tile_release();
-    return py::bytes(out, 64);
-  });
-}
-#endif
+    // Blocking: AMX's is fixed by its tiles (n_r = m_r = 32 above); the driver reads task_rows.
+    Blocking{/*task_rows=*/64, 0, {}, 0, 0, 0, 0, 0, 0, 0, false, false},
+    packed_bytes, pack_tokens, gate_up, down, piece_dots, store_act<Amx>};
 
 }  // namespace hina

@@ -1,12 +1,18 @@
 // The scalar micro-kernel: portable C++, the reference the SIMD kernels are read against.
 // Layout of I and of the activation: fp32, row-major [M, K] (one row per gathered token).
 // W: bf16 rows read in place (general layout), converted element by element.
-#include <algorithm>
-
-#include "microkernel.h"
+// Deliberately plain loops, not glue.h's loop nest: a reference that shares the SIMD kernels'
+// blocking could share their mistakes. It shares only the stores (glue.h).
+#include "glue.h"
 
 namespace hina {
-namespace {
+namespace {  // internal linkage: see glue.h, LINKAGE
+
+struct Scalar {
+  static void put_act(void* act, int act_K, int m, int k, float v) {
+    static_cast<float*>(act)[int64_t(m) * act_K + k] = v;  // transformation 2 (identity here)
+  }
+};
 
 size_t packed_bytes(int M, int K) { return size_t(M) * K * sizeof(float); }
 
@@ -24,7 +30,7 @@ float dot(const bf16_t* w, const float* in, int k0, int k1) {
   return acc;
 }
 
-// The canonical order (moe_ffn.h): one dot per piece, pieces added to 0.f in ascending y.
+// The canonical order (pieces.h): one dot per piece, pieces added to 0.f in ascending y.
 float dot(const bf16_t* w, const float* in, int K) {
   const int c0 = piece_phase(w);
   float s = 0.f;
@@ -41,21 +47,14 @@ void piece_dots(const PieceTask& t) {
             0.f + dot(t.w + r * t.ldw, I + int64_t(m) * t.K, t.pieces[2 * p], t.pieces[2 * p + 1]);
 }
 
-void store_act(void* act_v, int act_K, int n0, int n, int M, const float* g, const float* u) {
-  float* act = static_cast<float*>(act_v);
-  for (int j = 0; j < n; ++j)
-    for (int m = 0; m < M; ++m) act[int64_t(m) * act_K + n0 + j] = silu_mul(g[j * M + m], u[j * M + m]);
-}
-
 void gate_up(const GateUpTask& t) {
   const float* I = static_cast<const float*>(t.I);
-  float* act = static_cast<float*>(t.act);
   for (int j = 0; j < t.n; ++j)
     for (int m = 0; m < t.M; ++m) {
       const float* in = I + int64_t(m) * t.K;
       const float g = dot(t.w_gate + j * t.ldw_gate, in, t.K);
       const float u = dot(t.w_up + j * t.ldw_up, in, t.K);
-      act[int64_t(m) * t.act_K + t.n0 + j] = silu_mul(g, u);  // transformation 2 (identity here)
+      Scalar::put_act(t.act, t.act_K, m, t.n0 + j, silu_mul(g, u));
     }
 }
 
@@ -68,10 +67,9 @@ void down(const DownTask& t) {
 
 }  // namespace
 
-const MicroKernel& microkernel_scalar() {
-  static const MicroKernel mk{"scalar", 64, packed_bytes, pack_tokens, gate_up, down,
-                              piece_dots, store_act};
-  return mk;
-}
+const MicroKernel microkernel_scalar_bf16{
+    "scalar", Dtype::bf16, nullptr,
+    Blocking{/*task_rows=*/64, 0, {}, 0, 0, 0, 0, 0, 0, 0, false, false},  // plain loops: no blocking
+    packed_bytes, pack_tokens, gate_up, down, piece_dots, store_act<Scalar>};
 
 }  // namespace hina

@@ -1,0 +1,312 @@
+// The micro-kernels' shared glue: everything that is the same for every ISA, written once as
+// templates over an ISA-traits struct `Kn` that each ISA file (isa/<isa>/) defines. Per ISA remains
+// only what the instructions force: the vector types, the W / I loads and the multiply-add, the
+// packed layouts of I and of the activation, the tile code of AMX.
+//
+// LINKAGE: include this header only from ISA files, and only there. Everything in it has INTERNAL
+// linkage (the anonymous namespace below; numeric.h and pieces.h are `static inline`). Each ISA file
+// is compiled with its own -m flags; an inline function or template instantiation with external
+// linkage would be emitted as a COMDAT in every file that uses it, the linker would keep ONE copy
+// for all of them -- possibly the AVX-512 one -- and the AVX2 or scalar path would SIGILL on an
+// AVX2-only CPU. For the same reason: no STL containers or algorithms here or in the ISA files
+// (their members are COMDAT), and no link-time optimisation (CMakeLists.txt: NO_EXTRAS).
+//
+// What a traits struct provides
+//   every kernel      put_act(act, act_K, m, k, v): element k of token m's activation := v, in the
+//                     kernel's layout (transformation 2's store)
+//   dot-product form  (AVX2, AVX-512: W rows and token rows both contiguous along K)
+//                     Elem          element of the packed I and activation
+//                     Acc, X, W     accumulator vector; one chunk of a token's I; one chunk of a W row
+//                     kChunk        K elements per chunk
+//                     kBlocking     the Blocking (microkernel.h) of glue's loop nest
+//                     zero(), load_x(const Elem*), load_w(const bf16_t*), fma(Acc, W, X) -> Acc,
+//                     hsum(Acc) -> float, packed_bytes, pack_tokens; prefetch(const bf16_t*) if
+//                     kBlocking.prefetch_next
+#pragma once
+#include <cstdlib>
+#include <cstring>
+
+#include "microkernel.h"
+#include "numeric.h"
+#include "pieces.h"
+
+namespace hina {
+namespace {  // internal linkage, on purpose: see LINKAGE above
+
+inline int imin(int a, int b) { return a < b ? a : b; }
+inline int imax(int a, int b) { return a > b ? a : b; }
+
+// A per-thread scratch buffer, grown on demand (a few hundred KiB at most). Trivially
+// destructible on purpose (thread_local objects with destructors upset GCC's LTO here): the
+// buffer of a thread lives as long as the thread (OpenMP's pool).
+template <class Tp>
+struct ThreadScratch {
+  Tp* p;
+  size_t n;
+  Tp* get(size_t want) {
+    if (want > n) {
+      std::free(p);
+      p = static_cast<Tp*>(std::aligned_alloc(64, ((want * sizeof(Tp)) + 63) & ~size_t(63)));
+      if (!p) std::abort();
+      n = want;
+    }
+    return p;
+  }
+};
+
+// ---- the stores of transformations 2 and 3 (every kernel) ---------------------------------------
+// Transformation 2: activation columns [n0, n0+n) of tokens [m0, m0+M) = SiLU(g) * u, with g, u of
+// column j and token m at [j * ldg + m], written in the kernel's layout (Kn::put_act).
+template <class Kn>
+inline void store_act_block(void* act, int act_K, int n0, int n, int m0, int M, const float* g,
+                            const float* u, int64_t ldg) {
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < n; ++j)
+      Kn::put_act(act, act_K, m0 + m, n0 + j, silu_mul(g[j * ldg + m], u[j * ldg + m]));
+}
+
+// The table's store_act: transformation 2 on the driver's reduced sums, the same store as gate_up's.
+template <class Kn>
+void store_act(void* act, int act_K, int n0, int n, int M, const float* g, const float* u) {
+  store_act_block<Kn>(act, act_K, n0, n, 0, M, g, u, M);
+}
+
+// Transformation 3, the transpose: y[m][n0 + j] = C[j][m] (C's rows ldc apart), y row-major fp32.
+inline void store_y(float* y, int64_t ldy, int n0, int n, int M, const float* c, int64_t ldc) {
+  for (int m = 0; m < M; ++m) {
+    float* yr = y + m * ldy + n0;
+    for (int j = 0; j < n; ++j) yr[j] = c[j * ldc + m];
+  }
+}
+
+// ---- the dot-product form (AVX2, AVX-512) --------------------------------------------------------
+// The register tile: C[r * ldc + t] += sum_{k0 <= k < k1} W_r[k] * I_t[k]   for r < R, t < TT,
+// [k0, k1) a piece or a sub-block of one. The accumulators start at zero on the piece's first
+// sub-block (`first`), else are loaded from buf (R x TT vectors, row-major); at the piece's last
+// sub-block (`last`) their horizontal sums are added into c, else they are stored back to buf.
+// Per (row, token) the multiply-adds are the same, in the same order, whatever R, TT or the
+// sub-blocking: every blocking gives bit-identical sums.
+// With PF, also prefetches pf[r][0 .. k1-k0): the W slice the next call will stream from memory,
+// so DRAM traffic overlaps this tile's FMAs instead of stalling the next one.
+template <class Kn, int R, int TT, bool PF = false>
+inline void acc_tile(const bf16_t* const* w, const typename Kn::Elem* const* in, int k0, int k1,
+                     typename Kn::Acc* buf, bool first, bool last, float* c, int ldc,
+                     const bf16_t* const* pf = nullptr) {
+  typename Kn::Acc acc[R][TT];
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 16
+    for (int t = 0; t < TT; ++t) acc[r][t] = first ? Kn::zero() : buf[r * TT + t];
+  for (int k = k0; k < k1; k += Kn::kChunk) {
+    typename Kn::X x[TT];
+    #pragma GCC unroll 16
+    for (int t = 0; t < TT; ++t) x[t] = Kn::load_x(in[t] + k);
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      if constexpr (PF) Kn::prefetch(pf[r] + (k - k0));
+      const typename Kn::W wv = Kn::load_w(w[r] + k);
+      #pragma GCC unroll 16
+      for (int t = 0; t < TT; ++t) acc[r][t] = Kn::fma(acc[r][t], wv, x[t]);
+    }
+  }
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 16
+    for (int t = 0; t < TT; ++t) {
+      if (last) c[r * ldc + t] += Kn::hsum(acc[r][t]);
+      else buf[r * TT + t] = acc[r][t];
+    }
+}
+
+// A whole piece, accumulators in registers only.
+template <class Kn, int R, int TT>
+inline void dot_tile(const bf16_t* const* w, const typename Kn::Elem* const* in, int k0, int k1,
+                     float* c, int ldc) {
+  acc_tile<Kn, R, TT>(w, in, k0, k1, nullptr, true, true, c, ldc);
+}
+
+// Output addressing: the product of row r, piece p, token t goes to c[r * row_ld + p * piece_ld + t]
+// (piece_ld = 0: pieces chained in ascending order into one sum, the fused plain kernel;
+//  piece_ld = M: one slot per piece, the piece path). Every piece starts from fresh accumulators
+// and adds its horizontal sum into its slot, so a piece's value never depends on R, TT or blocking.
+struct Out { float* c; int64_t row_ld, piece_ld; };
+
+// All `nrows` rows against tokens in[0..TT), every piece: R rows at a time.
+template <class Kn, int R, int TT>
+void rows_x_tokens(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* in,
+                   const int32_t* pc, int np, Out o) {
+  int r = 0;
+  for (; r + R <= nrows; r += R)
+    for (int p = 0; p < np; ++p)
+      dot_tile<Kn, R, TT>(w + r, in, pc[2 * p], pc[2 * p + 1], o.c + r * o.row_ld + p * o.piece_ld,
+                          int(o.row_ld));
+  for (; r < nrows; ++r)
+    for (int p = 0; p < np; ++p)
+      dot_tile<Kn, 1, TT>(w + r, in, pc[2 * p], pc[2 * p + 1], o.c + r * o.row_ld + p * o.piece_ld,
+                          int(o.row_ld));
+}
+
+// Decode (M <= decode_max_m tokens): each W row streamed once, all tokens in registers,
+// decode_rows[M] rows per tile.
+template <class Kn, int TT = 1>
+void decode(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* in, int M,
+                 const int32_t* pc, int np, Out o) {
+  constexpr Blocking B = Kn::kBlocking;
+  if constexpr (TT < B.decode_max_m) {
+    if (M > TT) return decode<Kn, TT + 1>(w, nrows, in, M, pc, np, o);
+  }
+  rows_x_tokens<Kn, B.decode_rows[TT], TT>(w, nrows, in, pc, np, o);
+}
+
+template <class Kn>
+thread_local ThreadScratch<typename Kn::Acc> tl_acc{nullptr, 0};
+
+// C = W[rows, pieces] . I[M, K]^T, W rows given by pointers, all sharing the pieces `pc`; the loop
+// nest (Algorithm 1's, on vector registers) with the kernel's Blocking:
+//   M <= decode_max_m: decode.
+//   else: K in groups of canonical pieces spanning <= k_group (0: one piece per group), tokens in
+//   blocks of mb (mb_l2_bytes: the block's I slice over a group fits that L2 budget), token blocks
+//   outside or inside the K groups (token_blocks_outer); per block mr rows at a time, the group's
+//   pieces, sub-blocks of k_sub (0: the whole piece; a piece's accumulators are carried across its
+//   sub-blocks in L1, so the sums are those of whole-piece tiles, bit for bit), tiles of nr tokens.
+template <class Kn>
+void mm_rows(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int M, int K,
+             const int32_t* pc, int np, Out o) {
+  using Elem = typename Kn::Elem;
+  constexpr Blocking B = Kn::kBlocking;
+  constexpr int MR = B.mr, NR = B.nr;
+  for (int64_t i = 0; i < int64_t(nrows) * o.row_ld; ++i) o.c[i] = 0.f;
+  const Elem* in[B.mb_max];
+  if (M <= B.decode_max_m) {
+    for (int t = 0; t < M; ++t) in[t] = I + int64_t(t) * K;
+    decode<Kn>(w, nrows, in, M, pc, np, o);
+    return;
+  }
+  int mb = B.mb_max;  // tokens per block
+  if constexpr (B.mb_l2_bytes != 0)
+    mb = imax(B.mb_min, imin(B.mb_max, (B.mb_l2_bytes / (imin(K, B.k_group) * int(sizeof(Elem)))) & -NR));
+  // carried accumulators of a token block's tiles (k_sub: a piece in several sub-blocks)
+  typename Kn::Acc* acc = nullptr;
+  if constexpr (B.k_sub != 0) acc = tl_acc<Kn>.get(size_t(MR) * B.mb_max);
+  auto acc_of = [&](int t) -> typename Kn::Acc* {
+    if constexpr (B.k_sub != 0) return acc + MR * t;
+    else return nullptr;
+  };
+  const int ld = int(o.row_ld);
+  // Pieces [g0, g1) (spanning [gk0, gk1)) against tokens [m0, m0 + mb).
+  auto block = [&](int g0, int g1, int m0) {
+    const int gk0 = pc[2 * g0], gk1 = pc[2 * g1 - 1];
+    const int mc = imin(mb, M - m0);
+    for (int t = 0; t < mc; ++t) in[t] = I + int64_t(m0 + t) * K;
+    for (int r = 0; r < nrows; r += MR) {
+      const int rn = imin(MR, nrows - r);
+      if (rn < MR) {
+        for (int q = 0; q < rn; ++q)
+          for (int p = g0; p < g1; ++p)
+            for (int t = 0; t < mc; ++t)
+              dot_tile<Kn, 1, 1>(w + r + q, in + t, pc[2 * p], pc[2 * p + 1],
+                                 o.c + int64_t(r + q) * o.row_ld + p * o.piece_ld + m0 + t, ld);
+        continue;
+      }
+      for (int p = g0; p < g1; ++p) {
+        const int k0 = pc[2 * p], k1 = pc[2 * p + 1];
+        float* cr = o.c + int64_t(r) * o.row_ld + p * o.piece_ld + m0;
+        for (int s0 = k0; s0 < k1; s0 += B.k_sub ? B.k_sub : k1 - k0) {
+          const int s1 = B.k_sub ? imin(s0 + B.k_sub, k1) : k1;
+          const bool first = B.k_sub ? s0 == k0 : true, last = B.k_sub ? s1 == k1 : true;
+          int t = 0;
+          if constexpr (B.prefetch_next) {
+            // The first tile prefetches the W sub-block after this one: the next of these rows
+            // in this group, else the group's first of the next MR rows.
+            const bf16_t* pf[MR];
+            const bf16_t* const* pfp = pf;
+            if (s1 < gk1) for (int q = 0; q < MR; ++q) pf[q] = w[r + q] + s1;
+            else if (r + 2 * MR <= nrows) for (int q = 0; q < MR; ++q) pf[q] = w[r + MR + q] + gk0;
+            else pfp = nullptr;
+            if (pfp && mc >= NR) {
+              acc_tile<Kn, MR, NR, true>(w + r, in, s0, s1, acc_of(0), first, last, cr, ld, pfp);
+              t = NR;
+            }
+          }
+          for (; t + NR <= mc; t += NR)
+            acc_tile<Kn, MR, NR>(w + r, in + t, s0, s1, acc_of(t), first, last, cr + t, ld);
+          for (; t < mc; ++t)
+            acc_tile<Kn, MR, 1>(w + r, in + t, s0, s1, acc_of(t), first, last, cr + t, ld);
+        }
+      }
+    }
+  };
+  auto group_end = [&](int g0) {  // pieces from g0 spanning <= k_group
+    int g1 = g0 + 1;
+    while (g1 < np && pc[2 * g1 + 1] - pc[2 * g0] <= B.k_group) ++g1;
+    return g1;
+  };
+  if constexpr (B.token_blocks_outer) {
+    for (int m0 = 0; m0 < M; m0 += mb)
+      for (int g0 = 0; g0 < np;) { const int g1 = group_end(g0); block(g0, g1, m0); g0 = g1; }
+  } else {
+    for (int g0 = 0; g0 < np;) {
+      const int g1 = group_end(g0);
+      for (int m0 = 0; m0 < M; m0 += mb) block(g0, g1, m0);
+      g0 = g1;
+    }
+  }
+}
+
+// The fused plain kernel: all pieces of [0, K) for rows sharing the cuts of w[0], chained.
+template <class Kn>
+void mm_rows_chained(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int M, int K,
+                     float* c) {
+  int32_t pc[2 * kMaxPieces];
+  const int np = row_pieces(piece_phase(w[0]), K, pc);
+  mm_rows<Kn>(w, nrows, I, M, K, pc, np, Out{c, M, 0});
+}
+
+thread_local ThreadScratch<float> tl_c{nullptr, 0};
+thread_local ThreadScratch<const bf16_t*> tl_rows{nullptr, 0};
+
+// Gate & up rows together (one pass over both), SiLU(gate)*up fused into the store, which writes
+// the activation in the layout the down projection reads (transformation 2).
+template <class Kn>
+void gate_up(const GateUpTask& t) {
+  using Elem = typename Kn::Elem;
+  const bf16_t** rows = tl_rows.get(size_t(2) * t.n);
+  for (int j = 0; j < t.n; ++j) {
+    rows[j] = t.w_gate + j * t.ldw_gate;
+    rows[t.n + j] = t.w_up + j * t.ldw_up;
+  }
+  float* c = tl_c.get(size_t(2) * t.n * t.M);
+  // gate rows and up rows separately: each matrix's rows share their piece cuts, the two may not
+  mm_rows_chained<Kn>(rows, t.n, static_cast<const Elem*>(t.I), t.M, t.K, c);
+  mm_rows_chained<Kn>(rows + t.n, t.n, static_cast<const Elem*>(t.I), t.M, t.K, c + int64_t(t.n) * t.M);
+  store_act<Kn>(t.act, t.act_K, t.n0, t.n, t.M, c, c + int64_t(t.n) * t.M);
+}
+
+// Down projection, transpose fused into the store: y[m][n0 + j] = C[j][m] (transformation 3).
+template <class Kn>
+void down(const DownTask& t) {
+  const bf16_t** rows = tl_rows.get(size_t(t.n));
+  for (int j = 0; j < t.n; ++j) rows[j] = t.w_down + j * t.ldw;
+  float* c = tl_c.get(size_t(t.n) * t.M);
+  mm_rows_chained<Kn>(rows, t.n, static_cast<const typename Kn::Elem*>(t.act), t.M, t.K, c);
+  store_y(t.y, t.ldy, t.n0, t.n, t.M, c, t.M);
+}
+
+// The piece path: rows w + r*ldw, the listed pieces, one output slot per piece.
+template <class Kn>
+void piece_dots(const PieceTask& t) {
+  const bf16_t** rows = tl_rows.get(size_t(t.nrows));
+  for (int j = 0; j < t.nrows; ++j) rows[j] = t.w + j * t.ldw;
+  mm_rows<Kn>(rows, t.nrows, static_cast<const typename Kn::Elem*>(t.I), t.M, t.K, t.pieces,
+              t.npieces, Out{t.out, int64_t(t.npieces) * t.M, t.M});
+}
+
+// A dot-product kernel's table entry (microkernel.h), every function from the glue above.
+template <class Kn>
+constexpr MicroKernel dot_microkernel(const char* isa, const char* cpu_isa) {
+  return MicroKernel{isa, Dtype::bf16, cpu_isa, Kn::kBlocking, Kn::packed_bytes, Kn::pack_tokens,
+                     gate_up<Kn>, down<Kn>, piece_dots<Kn>, store_act<Kn>};
+}
+
+}  // namespace
+}  // namespace hina

@@ -1,0 +1,66 @@
+// The probes' loops, written once as templates over the ISA's vector and included by
+// probes_avx2.cpp and probes_avx512.cpp, each compiled with its own -m flags. Internal linkage on
+// purpose (anonymous namespace), for the reason glue.h gives: no COMDAT copy of AVX-512 code may
+// stand in for the AVX2 one.
+#pragma once
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace hina {
+namespace {
+
+// The read loop: block(p, acc) = acc ^ the 128 bytes at p; fold(acc0, acc1) = the two
+// accumulators folded into 64 bits.
+// mode 0: plain loads, 256 B per iteration; 1: plus a software prefetch 1 KiB ahead;
+// 2: two streams (the two halves of the range) read alternately.
+template <class Vec, class Block, class Fold>
+uint64_t read_loop(const uint8_t* p, size_t n, int mode, Vec zero, Block block, Fold fold) {
+  Vec acc0 = zero, acc1 = zero;
+  size_t i = 0;
+  const size_t step = 256;
+  if (mode == 2) {
+    size_t half = (n / 2) & ~size_t(step - 1);
+    const uint8_t* q = p + half;
+    for (; i + step <= half; i += step) {
+      acc0 = block(p + i, acc0);
+      acc1 = block(q + i, acc1);
+      acc0 = block(p + i + 128, acc0);
+      acc1 = block(q + i + 128, acc1);
+    }
+    p += 2 * half;
+    n -= 2 * half;
+    i = 0;
+  }
+  for (; i + step <= n; i += step) {
+    if (mode == 1) _mm_prefetch((const char*)(p + i + 1024), _MM_HINT_T0);
+    acc0 = block(p + i, acc0);
+    acc1 = block(p + i + 128, acc1);
+  }
+  uint64_t r = 0;
+  for (; i < n; ++i) r ^= p[i];
+  return r ^ fold(acc0, acc1);
+}
+
+// The register-only peak loop: 10 independent chains of one instruction, acc = op(acc) (enough
+// chains to cover its latency), no memory operand; returns the FLOPs done (flops per instruction).
+// Vec is a GNU vector type (__m256, __m512): + and the first lane are generic.
+template <class Vec, class Op>
+double peak_loop(Vec init, Op op, double flops, int64_t iters) {
+  constexpr int kChains = 10;
+  Vec a[kChains];
+  #pragma GCC unroll 10
+  for (int j = 0; j < kChains; ++j) a[j] = init;
+  for (int64_t i = 0; i < iters; ++i) {
+    #pragma GCC unroll 10
+    for (int j = 0; j < kChains; ++j) a[j] = op(a[j]);
+  }
+  const Vec s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + ((a[6] + a[7]) + (a[8] + a[9])));
+  volatile float sink = s[0];  // kept, so nothing is elided
+  (void)sink;
+  return double(iters) * kChains * flops;
+}
+
+}  // namespace
+}  // namespace hina
