@@ -179,7 +179,14 @@ class ResultStore:
             w.writeheader()
             self.file_columns = cols
         w.writerow(row)
-        data = buf.getvalue().encode()
+        self._write_row(buf.getvalue().encode())
+
+    def rows_of_run(self, run_id: str) -> int:
+        """Whole rows in the file that run `run_id` stored (what an interrupted run says it kept: a
+        Ctrl-C between a row's write and any counter cannot make this wrong)."""
+        return sum(1 for r in self.rows() if r.get("run_id") == run_id)
+
+    def _write_row(self, data: bytes) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         before = os.fstat(fd).st_size
         try:

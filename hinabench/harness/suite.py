@@ -262,7 +262,8 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
     except KeyboardInterrupt:
         if progress is not None:
             progress.stop()
-        click.echo(f"hinabench: interrupted: {store.appended} row(s) kept in {store.path} by this run; "
+        kept = max(store.appended, store.rows_of_run(cfg.run_id) if store.kind == "csv" else 0)
+        click.echo(f"hinabench: interrupted: {kept} row(s) kept in {store.path} by this run; "
                    f"run again with --out {store.path} --resume to continue", err=True)
         sys.exit(130)
     finally:
