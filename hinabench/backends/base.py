@@ -85,5 +85,10 @@ class Backend(ABC):
     def versions(self) -> dict[str, str]:
         return {"torch": torch.__version__}
 
+    def note(self) -> str:
+        """What the backend knows goes wrong for this problem on this machine (a library's fault found
+        and diagnosed by its adapter), or "": added to the reason of a row whose output is off."""
+        return ""
+
     def close(self) -> None:
         self.data = None

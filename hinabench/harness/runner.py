@@ -202,8 +202,9 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
             t.row["versions"] = t.backend.versions()
             if not err <= problem.tolerance:
                 tol = problem.tolerance
+                note = t.backend.note()
                 t.row.update(status="wrong", reason=f"rel_err {err:.3g} > tolerance {tol:g}: "
-                                                    f"{diagnose(out, ref, tol)}")
+                                                    f"{diagnose(out, ref, tol)}" + (f"; {note}" if note else ""))
         except Unsupported as e:
             _fail(t, "unsupported", str(e))
         except MemoryError:
