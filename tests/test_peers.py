@@ -98,7 +98,58 @@ def test_kt_rows_say_that_its_own_thread_pool_quantizes_times_at_threads_equal_c
     import os
     ncpu = len(os.sched_getaffinity(0))
     kt = registry.get("kt:avx2bf16")
-    assert "scheduler ticks" in kt.note(ncpu) and "not the harness's" in kt.note(ncpu)
+    assert "scheduler ticks" in kt.row_note(ncpu) and "not the harness's" in kt.row_note(ncpu)
     if ncpu > 1:
-        assert kt.note(ncpu - 1) == ""
-    assert registry.get("torch").note(ncpu) == ""
+        assert kt.row_note(ncpu - 1) == ""
+    assert registry.get("torch").row_note(ncpu) == ""
+
+
+def test_missing_zentorch_env_is_unavailable_with_the_command(monkeypatch, tmp_path):
+    monkeypatch.setenv("HINABENCH_ENVS", str(tmp_path))
+    got = rows(["zentorch:bf16", "zentorch:libxsmm"])
+    for r in got.values():
+        assert r["status"] == "unavailable"
+        assert r["reason"] == "environment 'zentorch' does not exist: run `hinabench env create zentorch`"
+
+
+@needs_env("zentorch")
+def test_zentorch():
+    """Both variants are right at this small shape (K <= 512: H=I=256), with their versions in the row."""
+    got = rows(["zentorch:bf16", "zentorch:libxsmm"])
+    for name, r in got.items():
+        assert_ok(r, "zentorch")
+        assert r["versions"]["zentorch"] and r["versions"]["torch"].startswith("2.14")
+        assert r["versions"]["cpu_avx512_bf16"] == ("yes" if "avx512_bf16" in cpu_flags() else "no")
+    assert got["zentorch:bf16"]["versions"]["zendnnl_matmul_algo"] == "default"
+    assert got["zentorch:libxsmm"]["versions"]["zendnnl_matmul_algo"] == "6"
+
+
+# the smallest MoE shape at which zentorch 2.14.0.1's default BF16 path is wrong without AVX512-BF16:
+# w13's GEMM has K = H = 513 > 512 and N = 2I = 66 > 64 (one column past the first 64 is off)
+ZEN_FAULT = FFNProblem.custom(hidden_size=513, intermediate_size=33, tokens_per_expert=2, active_experts=2,
+                              routed_experts=4, seed=5)
+
+
+@needs_env("zentorch")
+def test_zentorch_fault_is_a_wrong_row_with_the_diagnosis():
+    cfg = RunConfig(rounds=1, warmup=1, min_time=0.02, max_time=0.5, command="test")
+    data = materialize(ZEN_FAULT, rotate=False)
+    got = {r["backend"]: r for r in run_point(ZEN_FAULT, ["zentorch:bf16", "zentorch:libxsmm"], 1, cfg, data=data)}
+    fixed = got["zentorch:libxsmm"]
+    assert fixed["status"] == "ok", fixed["reason"]
+    r = got["zentorch:bf16"]
+    if "avx512_bf16" in cpu_flags():    # not seen there: whatever it is, it is validated
+        assert r["status"] in ("ok", "wrong"), r["reason"]
+        return
+    assert r["status"] == "wrong" and r["median_ms"] > 0, r["reason"]   # timed, shown, not ranked
+    assert "K > 512 and N > 64" in r["reason"] and "w13 (K=H=513, N=2I=66)" in r["reason"], r["reason"]
+    assert r["efficiency"] is None
+
+
+@needs_env("zentorch")
+def test_zentorch_one_firing_expert_is_unsupported():
+    one = FFNProblem.custom(hidden_size=256, intermediate_size=256, tokens_per_expert=1, active_experts=1,
+                            routed_experts=4, seed=3)
+    cfg = RunConfig(rounds=1, warmup=1, min_time=0.02, max_time=0.5, command="test")
+    r = run_point(one, ["zentorch:bf16"], 1, cfg, data=materialize(one, rotate=False))[0]
+    assert r["status"] == "unsupported" and "at least 2 firing experts" in r["reason"], r["reason"]

@@ -141,6 +141,9 @@ def test_sweep_goes_on_past_crashes_hangs_and_errors(registered, data):
     assert rows["selftest:raise"]["status"] == "failed"
     assert "RuntimeError: selftest: the peer raised in prepare" in rows["selftest:raise"]["reason"]
     assert rows["selftest:wrong"]["status"] == "wrong" and rows["selftest:wrong"]["median_ms"] > 0
+    # the adapter's own diagnosis (note()) rides on the reason of a wrong row, after the harness's
+    assert rows["selftest:wrong"]["reason"].endswith("; selftest: doubled on purpose")
+    assert "selftest: doubled" not in str(rows["selftest:naive"].get("reason"))
     # a wrong output is timed but shows no rates: its bytes and flops were not the problem's
     assert rows["selftest:wrong"]["efficiency"] is None and rows["selftest:wrong"]["gbps"] is None
     hang = rows["selftest:hang-round"]

@@ -86,8 +86,13 @@ class Backend(ABC):
         return {"torch": torch.__version__}
 
     @classmethod
-    def note(cls, threads: int) -> str:
+    def row_note(cls, threads: int) -> str:
         """A caveat that every row of this backend at `threads` should carry (the row's `note`), or ''."""
+        return ""
+
+    def note(self) -> str:
+        """What the backend knows goes wrong for this problem on this machine (a library's fault found
+        and diagnosed by its adapter), or "": added to the reason of a row whose output is off."""
         return ""
 
     def close(self) -> None:

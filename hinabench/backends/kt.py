@@ -21,7 +21,7 @@ class _Kt(WorkerBackend):
     packages = ("kt-kernel", "torch")
 
     @classmethod
-    def note(cls, threads: int) -> str:
+    def row_note(cls, threads: int) -> str:
         """kt's CPUInfer busy-waits in three places: the caller spins in sync(), its task-queue thread
         polls without sleeping, and the pool's workers spin between jobs. With `threads` workers that is
         threads + 1 busy threads (the queue thread is worker 0, the caller spins beside it): on as many

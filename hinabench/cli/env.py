@@ -12,7 +12,7 @@ def _gib(n) -> str:
 
 @click.group()
 def env():
-    """The peers' virtual environments (IPEX, vLLM-CPU, kt-kernel, llama.cpp)."""
+    """The peers' virtual environments (IPEX, vLLM-CPU, kt-kernel, llama.cpp, zentorch)."""
 
 
 @env.command("create")

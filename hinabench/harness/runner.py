@@ -82,7 +82,7 @@ def _base_row(point: Point, name: str, cfg: RunConfig, groups: int) -> dict:
     row.update(point.columns())
     factor = backend_registry.get(name).weight_bytes_factor
     row.update(backend=name, rounds=cfg.rounds, warmup=cfg.warmup,
-               note=backend_registry.get(name).note(point.threads) or None,
+               note=backend_registry.get(name).row_note(point.threads) or None,
                tolerance=problem.tolerance, weight_bytes=int(problem.weight_bytes * factor),
                flops=problem.flops, rotation_groups=groups,
                allocated_bytes=problem.allocated_bytes(groups), machine=machine_id(fp),
@@ -203,8 +203,9 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
             t.row["versions"] = t.backend.versions()
             if not err <= problem.tolerance:
                 tol = problem.tolerance
+                note = t.backend.note()
                 t.row.update(status="wrong", reason=f"rel_err {err:.3g} > tolerance {tol:g}: "
-                                                    f"{diagnose(out, ref, tol)}")
+                                                    f"{diagnose(out, ref, tol)}" + (f"; {note}" if note else ""))
         except Unsupported as e:
             _fail(t, "unsupported", str(e))
         except MemoryError:

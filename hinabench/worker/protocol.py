@@ -7,7 +7,8 @@ on stdin, one reply per line on stdout; no pickle, no tensors but the validation
   {"v":1, "op":"hello"}                      -> {"ok":true, "versions":{...}, "env":{...}}
   {"v":1, "op":"prepare", "problem":{...}, "llc_bytes":N, "rotate":true, "groups":R,
    "backend":"vllm:sgl", "module":"vllm", "variant":"sgl", "threads":2}
-                                             -> {"ok":true, "prepare_ms":..., "extra_bytes":..., "groups":R}
+                                             -> {"ok":true, "prepare_ms":..., "extra_bytes":..., "groups":R,
+                                                 "versions":{...}, "note":"..."}
   {"v":1, "op":"validate", "group":0}        -> {"ok":true, "shape":[T,H], "dtype":"bf16", "data":base64}
   {"v":1, "op":"round", "rnd":0, "plan":{...}} -> {"ok":true, "result": RoundResult.as_dict()}
   {"v":1, "op":"close"}                      -> {"ok":true}; the worker exits
@@ -19,7 +20,8 @@ the harness's, whatever torch this env has), so no weights cross the pipe; it ti
 
 A peer adapter is a module under hinabench.backends with a `make_peer(variant, threads)` function
 returning an object with prepare(data), run(group) -> out [T, H], and optionally extra_bytes(),
-buffers() (what the kernel reads: packed copies), versions() and close(). Imports stay minimal here:
+buffers() (what the kernel reads: packed copies), versions(), note() (what its adapter knows goes
+wrong for this problem here: added to the reason of a `wrong` row) and close(). Imports stay minimal here:
 a peer's torch must not be asked for more of hinabench than the problem and the measurement.
 """
 from __future__ import annotations
@@ -36,7 +38,7 @@ import traceback
 
 PROTOCOL = 1
 ENV_PREFIXES = ("OMP_", "KMP_", "ONEDNN_", "DNNL_", "MKL_", "GOMP_", "VLLM_", "GGML_", "LLAMA_",
-                "IPEX_", "KT_", "LD_PRELOAD", "TORCH_", "ATEN_")
+                "IPEX_", "KT_", "LD_PRELOAD", "TORCH_", "ATEN_", "ZENDNN", "ZENTORCH_")
 
 
 PROTOCOL_FD = [-1]   # the protocol's own descriptor (the selftest's garbage variant writes on it)
@@ -146,6 +148,9 @@ class SelfTestPeer:
     def versions(self) -> dict:
         return {}
 
+    def note(self) -> str:
+        return "selftest: doubled on purpose" if self.variant == "wrong" else ""
+
 
 def make_peer(module: str, variant: str, threads: int):
     if module == "selftest":
@@ -191,8 +196,9 @@ class Worker:
         prepare_ms = (time.perf_counter() - t0) * 1e3
         extra = int(getattr(self.peer, "extra_bytes", lambda: 0)())
         versions = dict(getattr(self.peer, "versions", lambda: {})())
+        note = str(getattr(self.peer, "note", lambda: "")() or "")
         return {"prepare_ms": prepare_ms, "extra_bytes": extra, "groups": self.data.groups,
-                "versions": versions}
+                "versions": versions, "note": note}
 
     def validate(self, msg: dict) -> dict:
         out = self.peer.run(int(msg.get("group", 0)))

@@ -284,6 +284,9 @@ class WorkerBackend(Backend):
         counts starting the worker and materialising its copy of the problem)."""
         return self._prepared.get("prepare_ms")
 
+    def note(self) -> str:
+        return str(self._prepared.get("note") or "")
+
     def versions(self) -> dict:
         v = dict(self._hello.get("versions", {}))
         v.update(self._prepared.get("versions", {}))
