@@ -4,7 +4,7 @@ What holds, and is asserted here: numa="interleave-partitioned" with N virtual n
 to numa="off" (the plain kernel) for every N, page model (4 KiB, 2 MiB), address phase (offset
 views), token count and thread count, on every micro-kernel. Why: both modes sum every dot product as
 the same canonical K pieces (cut at the row's 4 KiB address boundaries, rounded up to 32 elements,
-each accumulated from zero, added in ascending K; kernels/moe_ffn.h), and a node owns whole pieces.
+each accumulated from zero, added in ascending K; kernels/pieces.h), and a node owns whole pieces.
 Also: every weight byte of the active experts is read exactly once across the node groups (the
 kernel's own count: bytes per node, and every row's pieces tile [0, K) once), no byte is remote
 under the placement model when rows are 64-byte aligned (<= 62 bytes per page boundary otherwise),

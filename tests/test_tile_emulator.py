@@ -1,4 +1,4 @@
-"""The software AMX tile unit (kernels/tile_emulator.h) against a NumPy oracle of the SDM semantics.
+"""The software AMX tile unit (kernels/emu/tile_emulator.h) against a NumPy oracle of the SDM semantics.
 
 The emulator is what makes the AMX micro-kernel testable on CPUs without AMX, so its semantics are
 pinned here instruction by instruction: LDTILECFG limits (palette 1: 8 tiles, rows <= 16,

@@ -120,7 +120,7 @@ def _row_segments(x: int, K: int, nodes: int, E: int, phase_e: int) -> Iterable[
 
 @dataclass(frozen=True)
 class SegmentPlan:
-    """T_x, T_y and each node's segments within the first period of x (Section 5.2's S_index)."""
+    """T_x, T_y and each node's segments within the first period of x (S_index, Section 5.3; the segments of Section 5.2)."""
     N: int
     K: int
     elem_bytes: int
@@ -152,7 +152,7 @@ class SegmentPlan:
         return d
 
 
-# Section 5.2's S_index: Eq. 4's periods, then Eq. 5 per row of the first period
+# S_index (Section 5.3) of Section 5.2's segments: Eq. 4's periods, then Eq. 5 per row of the first period
 def local_segments(N: int, K: int, elem_bytes: int = 2, nodes: int = 2,
                    page_bytes: int = PAGE_4K, phase: int = 0) -> SegmentPlan:
     """Section 5.2 in two steps: the periods (Eq. 4), then each node's segments for x < T_x (Eq. 5).
