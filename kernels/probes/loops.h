@@ -50,8 +50,10 @@ template <class Vec, class Op>
 double peak_loop(Vec init, Op op, double flops, int64_t iters) {
   constexpr int kChains = 10;
   Vec a[kChains];
+  // distinct starting values: chains that start equal compute equal values, and the compiler merged
+  // ten such chains into one (a latency-bound loop counted as ten chains)
   #pragma GCC unroll 10
-  for (int j = 0; j < kChains; ++j) a[j] = init;
+  for (int j = 0; j < kChains; ++j) a[j] = init * (1.0f + 0.0078125f * float(j));
   for (int64_t i = 0; i < iters; ++i) {
     #pragma GCC unroll 10
     for (int j = 0; j < kChains; ++j) a[j] = op(a[j]);
