@@ -31,11 +31,14 @@ def figure(name, results, out_dir):
               help="Every stored run of a point (default: the latest run's row of each point).")
 @format_option()
 def show(results, models, backends, tokens, threads, status, all_runs, fmt):
-    """Print stored result rows (one or more files), filtered, with the machine and the commands
-    that made them. Rows are shown as stored: ranks are those of the run that measured them. Damaged
-    rows (a torn write) are left out and named; of several runs of one point the latest is shown."""
+    """Print stored result rows, filtered, with the machine and the commands that made them.
+    RESULTS: files, folders (every .csv/.parquet under them: results/, results/<machine>/, a Parquet
+    dataset) or globs ('results/*/'). Rows of several machines get a machine column. Rows are shown as
+    stored: ranks are those of the run that measured them. Damaged rows (a torn write) are left out
+    and named; of several runs of one point on one machine the latest is shown (--all: every run,
+    with its run id)."""
     from ..harness.store import read_rows, select_rows
-    from ..report.render import emit, provenance, reasons
+    from ..report.render import emit, provenance, reasons, results_view
     problems: list[str] = []
     stored = read_rows(list(results), problems, latest=not all_runs)
     for line in problems:
@@ -55,7 +58,7 @@ def show(results, models, backends, tokens, threads, status, all_runs, fmt):
         notes = [f"  {line}" for line in reasons(rows)]
         notes += [f"machine: {m}" for m in machines] + [f"made by: {c}" for c in commands]
     from ..harness.suite import _console_out
-    emit(rows, fmt, notes=notes, console=_console_out())
+    emit(rows, fmt, results_view(rows, runs=all_runs), notes=notes, console=_console_out())
 
 
 @click.command()

@@ -30,7 +30,7 @@ def _short(reason: str, n: int = 110) -> str:
 def _save(fig, name: str, results: list[str], out_dir: str | None, caption: str, df) -> list[Path]:
     """The PNG, and beside it the caption and the commands that made the figure and its rows."""
     import matplotlib.pyplot as plt
-    out = Path(out_dir) if out_dir else Path(results[0]).parent
+    out = Path(out_dir) if out_dir else _beside(results)
     out.mkdir(parents=True, exist_ok=True)
     png = out / f"{name}.png"
     fig.savefig(png, dpi=130)
@@ -40,6 +40,15 @@ def _save(fig, name: str, results: list[str], out_dir: str | None, caption: str,
     side.write_text(f"{caption}\nmade by: hinabench figure {name} {' '.join(results)}\nfrom rows made by:\n"
                     + "\n".join(f"  {c}" for c in cmds) + "\n")
     return [png, side]
+
+
+def _beside(results: list[str]) -> Path:
+    """Where a figure goes by default: the first results folder given, or the first file's folder."""
+    from ..harness.store import results_files
+    first = Path(results[0])
+    if first.is_dir():
+        return first
+    return results_files(results)[0][0].parent
 
 
 def fig10(results: list[str], out_dir: str | None = None) -> list[Path]:
