@@ -97,3 +97,10 @@ def test_empty_folders_and_globs_are_errors_that_name_them(tmp_path):
     assert r.exit_code == 2 and "no results files match" in r.output
     r = invoke("show", str(tmp_path / "empty"))
     assert r.exit_code == 2 and "no results files" in r.output
+
+
+def test_targets_judge_one_machine_at_a_time(tmp_path):
+    a, b = two_machines(tmp_path / "results")
+    r = invoke("targets", str(a), str(b), "--backend", "hina:amx")
+    assert r.exit_code == 2 and "targets judges one machine's rows" in r.output
+    assert invoke("targets", str(b), "--backend", "hina:amx").exit_code == 0

@@ -77,6 +77,10 @@ def targets(results, backend, models, threads, fmt):
     from ..report.targets import VIEW, judge
     rows = select_rows(read_rows(list(results)), models=names(models),
                        threads=ints(threads, "--threads") if threads else None)
+    from ..report.render import machines_of
+    if len(machines_of(rows)) > 1:
+        raise UserError(f"targets judges one machine's rows; these are of {len(machines_of(rows))} machines "
+                        f"({', '.join(m or 'not recorded' for m in machines_of(rows))}): give one machine's results")
     if backend == "auto":
         ok = {r.get("backend") for r in rows if r.get("status") == "ok"}
         backend = next((b for b in ("hina:amx", "hina:avx512", "hina:avx2") if b in ok), None)
@@ -93,4 +97,26 @@ def targets(results, backend, models, threads, fmt):
          console=console())
 
 
-COMMANDS = [figure, show, targets]
+@click.command()
+@click.argument("results", nargs=-1, required=True)
+@click.option("--out", "out_dir", default="site", show_default=True, help="Folder for the report (index.html).")
+@click.option("--all", "all_runs", is_flag=True,
+              help="Tables show every stored run of a point, with its run id (figures draw the latest).")
+def report(results, out_dir, all_runs):
+    """A static HTML report of stored rows: an index, one page per figure (a panel per machine: the
+    figure or why it was not drawn, its caption, commands and fingerprints; then its rows as a table
+    that filters and sorts) and every row. RESULTS: files, folders or globs, as for `show`. Self-
+    contained (no CDN, no server): open OUT/index.html, or share OUT with `python -m http.server`."""
+    from ..report.site import build
+    from . import command_line
+    res = build(list(results), out_dir, all_runs, command=command_line())
+    for line in res["notes"]:
+        click.echo(f"hinabench: note: {line}", err=True)
+    for name, drawn in res["figures"].items():
+        for d in drawn:
+            state = "drawn" if d.png is not None else f"not drawn: {d.reason}"
+            click.echo(f"{name} [{d.machine or 'machine not recorded'}]: {state}")
+    click.echo(f"report: {res['index']}  (share it: python3 -m http.server -d {out_dir} --bind 127.0.0.1)")
+
+
+COMMANDS = [figure, show, targets, report]

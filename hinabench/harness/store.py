@@ -348,13 +348,14 @@ def latest_per_point(df, problems: list[str] | None = None):
     return df
 
 
-def load_frame(paths, problems: list[str] | None = None, latest: bool = True):
+def load_frame(paths, problems: list[str] | None = None, latest: bool = True, source: bool = False):
     """Stored rows from results files, folders of them or globs (CSV and Parquet; see results_files)
     as one DataFrame, numbers as numbers. Damaged rows are left out and described in `problems` (a
     list to append to), and so are files inside a given folder that are not results files. With
     `latest`, a point measured by several runs on one machine keeps only the latest run's row (the
     re-run rule, latest_per_point); the number superseded is appended to `problems` too. Rows of
-    several machines sit side by side, told apart by their `machine` and `fingerprint` columns."""
+    several machines sit side by side, told apart by their `machine` and `fingerprint` columns.
+    With `source`, a `source` column names the file each row was read from."""
     import pandas as pd
     problems = [] if problems is None else problems
     frames = []
@@ -369,9 +370,11 @@ def load_frame(paths, problems: list[str] | None = None, latest: bool = True):
                     raise UserError(f"{p} is not a results file (no backend and status columns)")
                 for k, v in _hive_columns(p).items():   # a partition folder fills its column's gaps
                     f[k] = f[k].where(f[k].notna(), v) if k in f else v
-                frames.append(f)
             else:
-                frames.append(_read_csv(p, problems))
+                f = _read_csv(p, problems)
+            if source:
+                f["source"] = str(p)
+            frames.append(f)
         except UserError as e:
             if named:
                 raise

@@ -20,6 +20,18 @@ from ..errors import UserError
 from ..harness.store import load_frame
 
 
+CUDA_BACKENDS = ("torch-cuda",)     # GPU backends: drawn in fig1, left out of the CPU figures (said so)
+
+
+def _cpu_only(df):
+    """(rows of CPU backends, a caption note naming the GPU backends left out, or '')."""
+    gpu = df["backend"].isin(CUDA_BACKENDS)
+    if not gpu.any():
+        return df, ""
+    names = ", ".join(dict.fromkeys(df[gpu]["backend"]))
+    return df[~gpu], f" GPU backends ({names}) are in fig1, not here."
+
+
 def ffn_points(df):
     """Only the FFN rows with same-experts routing (rows stored before those columns existed are)."""
     if "op" in df:
@@ -76,11 +88,18 @@ def fig10(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
 
     df = ffn_points(load_frame(results) if frame is None else frame)
     _one_machine(df, "fig10")
+    df, gpu_note = _cpu_only(df)
     if df.empty:
-        raise UserError("no FFN rows with same-experts routing (Figure 10's tokens per expert) in the results given")
+        raise UserError("no FFN rows of a CPU backend with same-experts routing (Figure 10's tokens per "
+                        "expert) in the results given" + (f";{gpu_note}" if gpu_note else ""))
     models = list(dict.fromkeys(df["model"]))
     threads = int(df["threads"].max())
     df = df[df["threads"] == threads]
+    policy = ""
+    if "numa" in df and df["numa"].fillna("default").nunique() > 1:   # one line per backend: one policy
+        pol = df["numa"].fillna("default")
+        policy = "default" if (pol == "default").any() else str(pol.iloc[0])
+        df = df[pol == policy]
     backends = list(dict.fromkeys(df["backend"]))
     ncol = min(len(models), 2)
     nrow = (len(models) + ncol - 1) // ncol
@@ -129,7 +148,8 @@ def fig10(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     for ax in list(axes.flat)[len(models):]:
         ax.axis("off")
     machine = str(df["fingerprint"].dropna().iloc[0]) if "fingerprint" in df and df["fingerprint"].notna().any() else ""
-    caption = f"{threads} thread(s); median with p10-p90 bars. {machine}"
+    caption = (f"{threads} thread(s)" + (f", NUMA policy {policy}" if policy else "")
+               + f"; median with p10-p90 bars. {machine}" + gpu_note)
     fig.suptitle("MoE expert FFN latency vs tokens per expert (paper Fig. 10 style)", fontsize=12)
     wrapped = textwrap.wrap(caption, 150)
     fig.text(0.5, 0.01, "\n".join(wrapped), ha="center", va="bottom", fontsize=7)
@@ -158,6 +178,7 @@ def fig15(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     df = df[df["numa"] == "interleave"]
     if df.empty:
         raise UserError("no rows with --numa interleave in the results given")
+    df, gpu_note = _cpu_only(df)
     for c in ("remote_fraction_model", "remote_fraction_perf"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     models = list(dict.fromkeys(df["model"]))
@@ -195,13 +216,10 @@ def fig15(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     ran = df[df["status"].isin(["ok", "wrong"])]
     reasons = sorted(set(ran["perf_reason"].dropna().astype(str))) if "perf_reason" in ran else []
     caption = machine + (f". perf: {reasons[0][:200]}" if reasons else "") + (
-        f". Did not run here (no bar): {', '.join(not_run)}" if not_run else "")
+        f". Did not run here (no bar): {', '.join(not_run)}" if not_run else "") + gpu_note
     fig.text(0.5, 0.005, "\n".join(textwrap.wrap(caption, 150)), ha="center", va="bottom", fontsize=7)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
     return _save(fig, "fig15", results, out_dir, caption, df)
-
-
-CUDA_BACKENDS = ("torch-cuda",)
 
 
 def _batch(df):
