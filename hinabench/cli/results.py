@@ -105,8 +105,8 @@ def targets(results, backend, models, threads, fmt):
 def report(results, out_dir, all_runs):
     """A static HTML report of stored rows: an index, one page per figure (a panel per machine: the
     figure or why it was not drawn, its caption, commands and fingerprints; then its rows as a table
-    that filters and sorts) and every row. RESULTS: files, folders or globs, as for `show`. Self-
-    contained (no CDN, no server): open OUT/index.html, or share OUT with `python -m http.server`."""
+    that filters and sorts) and every row. RESULTS: files, folders or globs, as for `show`. It needs
+    no CDN and no server: open OUT/index.html, or share OUT with `python -m http.server`."""
     from ..report.site import build
     from . import command_line
     res = build(list(results), out_dir, all_runs, command=command_line())
