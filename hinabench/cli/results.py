@@ -8,7 +8,7 @@ from . import console, format_option, ints, names
 
 
 @click.command()
-@click.argument("name", type=click.Choice(["fig10", "fig15"]))
+@click.argument("name", type=click.Choice(["fig1", "fig10", "fig15"]))
 @click.argument("results", nargs=-1, required=True)
 @click.option("--out", "out_dir", default=None, help="Directory for the figure (default: beside the results).")
 def figure(name, results, out_dir):
@@ -31,11 +31,14 @@ def figure(name, results, out_dir):
               help="Every stored run of a point (default: the latest run's row of each point).")
 @format_option()
 def show(results, models, backends, tokens, threads, status, all_runs, fmt):
-    """Print stored result rows (one or more files), filtered, with the machine and the commands
-    that made them. Rows are shown as stored: ranks are those of the run that measured them. Damaged
-    rows (a torn write) are left out and named; of several runs of one point the latest is shown."""
+    """Print stored result rows, filtered, with the machine and the commands that made them.
+    RESULTS: files, folders (every .csv/.parquet under them: results/, results/<machine>/, a Parquet
+    dataset) or globs ('results/*/'). Rows of several machines get a machine column. Rows are shown as
+    stored: ranks are those of the run that measured them. Damaged rows (a torn write) are left out
+    and named; of several runs of one point on one machine the latest is shown (--all: every run,
+    with its run id)."""
     from ..harness.store import read_rows, select_rows
-    from ..report.render import emit, provenance, reasons
+    from ..report.render import emit, provenance, reasons, results_view
     problems: list[str] = []
     stored = read_rows(list(results), problems, latest=not all_runs)
     for line in problems:
@@ -55,7 +58,7 @@ def show(results, models, backends, tokens, threads, status, all_runs, fmt):
         notes = [f"  {line}" for line in reasons(rows)]
         notes += [f"machine: {m}" for m in machines] + [f"made by: {c}" for c in commands]
     from ..harness.suite import _console_out
-    emit(rows, fmt, notes=notes, console=_console_out())
+    emit(rows, fmt, results_view(rows, runs=all_runs), notes=notes, console=_console_out())
 
 
 @click.command()
@@ -74,6 +77,10 @@ def targets(results, backend, models, threads, fmt):
     from ..report.targets import VIEW, judge
     rows = select_rows(read_rows(list(results)), models=names(models),
                        threads=ints(threads, "--threads") if threads else None)
+    from ..report.render import machines_of
+    if len(machines_of(rows)) > 1:
+        raise UserError(f"targets judges one machine's rows; these are of {len(machines_of(rows))} machines "
+                        f"({', '.join(m or 'not recorded' for m in machines_of(rows))}): give one machine's results")
     if backend == "auto":
         ok = {r.get("backend") for r in rows if r.get("status") == "ok"}
         backend = next((b for b in ("hina:amx", "hina:avx512", "hina:avx2") if b in ok), None)
@@ -90,4 +97,26 @@ def targets(results, backend, models, threads, fmt):
          console=console())
 
 
-COMMANDS = [figure, show, targets]
+@click.command()
+@click.argument("results", nargs=-1, required=True)
+@click.option("--out", "out_dir", default="site", show_default=True, help="Folder for the report (index.html).")
+@click.option("--all", "all_runs", is_flag=True,
+              help="Tables show every stored run of a point, with its run id (figures draw the latest).")
+def report(results, out_dir, all_runs):
+    """A static HTML report of stored rows: an index, one page per figure (a panel per machine: the
+    figure or why it was not drawn, its caption, commands and fingerprints; then its rows as a table
+    that filters and sorts) and every row. RESULTS: files, folders or globs, as for `show`. It needs
+    no CDN and no server: open OUT/index.html, or share OUT with `python -m http.server`."""
+    from ..report.site import build
+    from . import command_line
+    res = build(list(results), out_dir, all_runs, command=command_line())
+    for line in res["notes"]:
+        click.echo(f"hinabench: note: {line}", err=True)
+    for name, drawn in res["figures"].items():
+        for d in drawn:
+            state = "drawn" if d.png is not None else f"not drawn: {d.reason}"
+            click.echo(f"{name} [{d.machine or 'machine not recorded'}]: {state}")
+    click.echo(f"report: {res['index']}  (share it: python3 -m http.server -d {out_dir} --bind 127.0.0.1)")
+
+
+COMMANDS = [figure, show, targets, report]

@@ -56,8 +56,13 @@ class RoundResult:
 
 def measure_round(run: Callable[[int], object], rnd: int, plan: RoundPlan, state: MeasureState,
                   buffers: list[tuple[int, int]], threads: int, groups: int,
-                  counter=None) -> RoundResult:
-    """`counter` (a perf.PerfSession, or None) counts exactly the sample loop."""
+                  counter=None, read_probe: Callable[[], tuple[float, str]] | None = None,
+                  compute_probe: Callable[[], tuple[float, str]] | None = None) -> RoundResult:
+    """`counter` (a perf.PerfSession, or None) counts exactly the sample loop. The roofline's
+    denominators are the CPU's (a read of `buffers`, the FMA loop) unless a backend whose weights
+    live elsewhere (a GPU) gives its own `read_probe` and `compute_probe`: () -> (rate, what)."""
+    read_probe = read_probe or (lambda: read_gbps(buffers, threads)[:2])
+    compute_probe = compute_probe or (lambda: peak_probe(threads))
     call = state.calls
     if rnd == 0:
         dt = 0.0
@@ -79,8 +84,8 @@ def measure_round(run: Callable[[int], object], rnd: int, plan: RoundPlan, state
         run(call % groups)       # re-warm after the other backends' turns (slow calls need none)
         call += 1
     res = RoundResult()
-    res.peaks.append(peak_probe(threads))
-    res.probes.append(read_gbps(buffers, threads)[:2])
+    res.peaks.append(compute_probe())
+    res.probes.append(read_probe())
     with LoadMeter() as m:
         if counter is not None:
             counter.enable()
@@ -93,7 +98,7 @@ def measure_round(run: Callable[[int], object], rnd: int, plan: RoundPlan, state
         if counter is not None:
             counter.disable()
     res.other_cpus = m.other_cpus
-    res.probes.append(read_gbps(buffers, threads)[:2])
-    res.peaks.append(peak_probe(threads))
+    res.probes.append(read_probe())
+    res.peaks.append(compute_probe())
     state.calls = call
     return res

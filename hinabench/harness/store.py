@@ -263,25 +263,130 @@ def _read_csv(p: Path, problems: list[str]):
     return df
 
 
-def load_frame(paths, problems: list[str] | None = None, latest: bool = True):
-    """Stored rows from one or more files (CSV or Parquet) as one DataFrame, numbers as numbers.
-    Damaged rows are left out and described in `problems` (a list to append to). With `latest`,
-    a point measured by several runs keeps only the latest run's row (the re-run rule); the
-    number superseded is appended to `problems` too."""
+RESULT_SUFFIXES = (".csv", ".parquet")
+_GLOB_CHARS = set("*?[")
+
+
+def results_files(paths) -> list[tuple[Path, bool]]:
+    """The results files that `paths` name, as (path, named): a file is itself (named=True); a folder
+    is every .csv and .parquet file under it, recursively (a results/ tree of machine folders, or a
+    Parquet dataset: a folder of .parquet files, hive-style `key=value` sub-folders included); a glob
+    (`results/*/`, `runs/**/*.csv`) is what it matches, each match expanded the same way. Files found
+    inside a folder are named=False: one that is not a results file is skipped with a note, where a
+    named one is an error. Sorted within each argument; arguments keep their order; no file twice."""
+    import glob as globmod
+    out: list[tuple[Path, bool]] = []
+    seen: set[Path] = set()
+
+    def add(p: Path, named: bool) -> None:
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append((p, named))
+
+    def expand(p: Path, named: bool, arg: str) -> None:
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.suffix in RESULT_SUFFIXES and f.is_file()
+                           and not f.name.startswith("."))
+            if not found and named:
+                raise UserError(f"no results files (.csv, .parquet) under {p}")
+            for f in found:
+                add(f, False)
+        elif p.exists():
+            add(p, named)
+        else:
+            raise UserError(f"no results file at {arg}")
+
+    for arg in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        text = os.fspath(arg)
+        if _GLOB_CHARS & set(text) and not Path(text).exists():
+            matches = sorted(globmod.glob(text, recursive=True))
+            if not matches:
+                raise UserError(f"no results files match {text}")
+            before = len(out)
+            for m in matches:
+                mp = Path(m)
+                if mp.is_dir() or mp.suffix in RESULT_SUFFIXES:
+                    expand(mp, False, m)
+            if len(out) == before:
+                raise UserError(f"no results files (.csv, .parquet) match {text}")
+        else:
+            expand(Path(text), True, text)
+    return out
+
+
+def _hive_columns(path: Path) -> dict[str, str]:
+    """`key=value` folders on a Parquet dataset file's path (hive partitioning), as columns."""
+    cols = {}
+    for part in path.parent.parts:
+        if "=" in part:
+            k, v = part.split("=", 1)
+            if k:
+                cols[k] = v
+    return cols
+
+
+def latest_per_point(df, problems: list[str] | None = None):
+    """The re-run rule: of several rows of one point on one machine (`machine` + row_key), the
+    latest wins: the one with the latest `timestamp`, ties and rows without one broken by reading
+    order (later wins). Rows of different machines never supersede each other. Keeps reading order."""
+    import pandas as pd
+    if not len(df):
+        return df
+    if "timestamp" in df:
+        ts = pd.to_datetime(df["timestamp"], utc=True, errors="coerce", format="ISO8601")
+        order = [(-1 if pd.isna(t) else t.value) for t in ts]
+    else:
+        order = [-1] * len(df)
+    machines = df["machine"].tolist() if "machine" in df else [None] * len(df)
+    best: dict[tuple, int] = {}
+    for i, r in enumerate(df.to_dict("records")):
+        m = machines[i]
+        k = ("" if m is None or (isinstance(m, float) and math.isnan(m)) else str(m),) + row_key(r)
+        j = best.get(k)
+        if j is None or (order[i], i) >= (order[j], j):
+            best[k] = i
+    keep = sorted(best.values())
+    if len(keep) < len(df):
+        if problems is not None:
+            problems.append(f"{len(df) - len(keep)} row(s) superseded by a later run of the same point "
+                            f"on the same machine (the latest is shown; --all shows every run)")
+        df = df.iloc[keep].reset_index(drop=True)
+    return df
+
+
+def load_frame(paths, problems: list[str] | None = None, latest: bool = True, source: bool = False):
+    """Stored rows from results files, folders of them or globs (CSV and Parquet; see results_files)
+    as one DataFrame, numbers as numbers. Damaged rows are left out and described in `problems` (a
+    list to append to), and so are files inside a given folder that are not results files. With
+    `latest`, a point measured by several runs on one machine keeps only the latest run's row (the
+    re-run rule, latest_per_point); the number superseded is appended to `problems` too. Rows of
+    several machines sit side by side, told apart by their `machine` and `fingerprint` columns.
+    With `source`, a `source` column names the file each row was read from."""
     import pandas as pd
     problems = [] if problems is None else problems
     frames = []
-    for p in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
-        p = Path(p)
-        if not p.exists():
-            raise UserError(f"no results file at {p}")
-        if p.suffix == ".parquet":
-            try:
-                frames.append(_read_parquet(p))
-            except Exception as e:
-                raise UserError(f"{p} is not a readable Parquet results file ({type(e).__name__})") from None
-        else:
-            frames.append(_read_csv(p, problems))
+    for p, named in results_files(paths):
+        try:
+            if p.suffix == ".parquet":
+                try:
+                    f = _read_parquet(p)
+                except Exception as e:
+                    raise UserError(f"{p} is not a readable Parquet results file ({type(e).__name__})") from None
+                if "backend" not in f or "status" not in f:
+                    raise UserError(f"{p} is not a results file (no backend and status columns)")
+                for k, v in _hive_columns(p).items():   # a partition folder fills its column's gaps
+                    f[k] = f[k].where(f[k].notna(), v) if k in f else v
+            else:
+                f = _read_csv(p, problems)
+            if source:
+                f["source"] = str(p)
+            frames.append(f)
+        except UserError as e:
+            if named:
+                raise
+            problems.append(f"{e}; skipped")
+    frames = [f for f in frames if len(f.columns)]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
     for c in ("tokens_per_expert", "batch_tokens", "experts", "threads", "median_ms", "min_ms", "p10_ms",
               "p90_ms", "mad_ms", "roofline_ms", "gbps", "pct_bw", "efficiency", "rel_err", "read_gbps",
@@ -291,21 +396,13 @@ def load_frame(paths, problems: list[str] | None = None, latest: bool = True):
               "in_features", "hidden_size", "intermediate_size"):
         if c in df:
             df[c] = pd.to_numeric(df[c], errors="coerce")
-    if latest and len(df):
-        keys = [row_key(r) for r in df.to_dict("records")]
-        last = {}
-        for i, k in enumerate(keys):
-            last[k] = i
-        keep = sorted(last.values())
-        if len(keep) < len(df):
-            problems.append(f"{len(df) - len(keep)} row(s) superseded by a later run of the same point "
-                            f"(the latest is shown; --all shows every run)")
-            df = df.iloc[keep].reset_index(drop=True)
+    if latest:
+        df = latest_per_point(df, problems)
     return df
 
 
 def read_rows(paths, problems: list[str] | None = None, latest: bool = True) -> list[dict]:
-    """Stored rows of one or more files (CSV or Parquet) as dicts, in file order; NaN as None
+    """Stored rows of results files, folders or globs (CSV or Parquet) as dicts, in reading order; NaN as None
     (see load_frame for `problems` and `latest`)."""
     df = load_frame(paths, problems, latest)
     rows = [{k: _cell(v) for k, v in r.items()} for r in df.to_dict("records")]

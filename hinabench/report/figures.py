@@ -3,6 +3,13 @@
 fig10: the paper's Figure 10 style: FFN latency against tokens per expert, one line per backend,
 one panel per model, with the roofline drawn in. Backends that could not run here are in the legend
 with the reason. The caption carries the machine's one-line summary and the command that made the rows.
+fig15: the remote-DRAM fraction per backend, weights interleaved (measured or modeled, labelled).
+fig1: CPU vs GPU expert-FFN throughput (tokens/s) by batch tokens: the CPU backends against the
+`torch-cuda` backend, drawn only where both sides have rows that ran.
+
+Each takes the results paths (named in the caption's side file) and, optionally, the rows already
+loaded (`frame`: `hinabench report` draws one machine's rows at a time). FIGURE_ROWS says which rows
+stand behind each figure (all statuses: the report shows them as a table).
 """
 from __future__ import annotations
 
@@ -11,6 +18,18 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..harness.store import load_frame
+
+
+CUDA_BACKENDS = ("torch-cuda",)     # GPU backends: drawn in fig1, left out of the CPU figures (said so)
+
+
+def _cpu_only(df):
+    """(rows of CPU backends, a caption note naming the GPU backends left out, or '')."""
+    gpu = df["backend"].isin(CUDA_BACKENDS)
+    if not gpu.any():
+        return df, ""
+    names = ", ".join(dict.fromkeys(df[gpu]["backend"]))
+    return df[~gpu], f" GPU backends ({names}) are in fig1, not here."
 
 
 def ffn_points(df):
@@ -30,7 +49,7 @@ def _short(reason: str, n: int = 110) -> str:
 def _save(fig, name: str, results: list[str], out_dir: str | None, caption: str, df) -> list[Path]:
     """The PNG, and beside it the caption and the commands that made the figure and its rows."""
     import matplotlib.pyplot as plt
-    out = Path(out_dir) if out_dir else Path(results[0]).parent
+    out = Path(out_dir) if out_dir else _beside(results)
     out.mkdir(parents=True, exist_ok=True)
     png = out / f"{name}.png"
     fig.savefig(png, dpi=130)
@@ -42,18 +61,45 @@ def _save(fig, name: str, results: list[str], out_dir: str | None, caption: str,
     return [png, side]
 
 
-def fig10(results: list[str], out_dir: str | None = None) -> list[Path]:
+def _beside(results: list[str]) -> Path:
+    """Where a figure goes by default: the first results folder given, or the first file's folder."""
+    from ..harness.store import results_files
+    first = Path(results[0])
+    if first.is_dir():
+        return first
+    return results_files(results)[0][0].parent
+
+
+def _one_machine(df, name: str) -> None:
+    """fig10 and fig15 draw one machine: rows of several would be drawn over each other."""
+    if "machine" in df:
+        ms = [m for m in dict.fromkeys(df["machine"].dropna().astype(str))]
+        if len(ms) > 1:
+            raise UserError(f"{name} draws one machine's rows; these are of {len(ms)} machines "
+                            f"({', '.join(ms)}): give one machine's results, or use `hinabench report`, "
+                            f"which puts machines side by side")
+
+
+def fig10(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    df = ffn_points(load_frame(results))
+    df = ffn_points(load_frame(results) if frame is None else frame)
+    _one_machine(df, "fig10")
+    df, gpu_note = _cpu_only(df)
     if df.empty:
-        raise UserError("no FFN rows with same-experts routing (Figure 10's tokens per expert) in the results given")
+        raise UserError("no FFN rows of a CPU backend with same-experts routing (Figure 10's tokens per "
+                        "expert) in the results given" + (f";{gpu_note}" if gpu_note else ""))
     models = list(dict.fromkeys(df["model"]))
     threads = int(df["threads"].max())
     df = df[df["threads"] == threads]
+    policy = ""
+    if "numa" in df and df["numa"].fillna("default").nunique() > 1:   # one line per backend: one policy
+        pol = df["numa"].fillna("default")
+        policy = "default" if (pol == "default").any() else str(pol.iloc[0])
+        df = df[pol == policy]
     backends = list(dict.fromkeys(df["backend"]))
     ncol = min(len(models), 2)
     nrow = (len(models) + ncol - 1) // ncol
@@ -102,7 +148,8 @@ def fig10(results: list[str], out_dir: str | None = None) -> list[Path]:
     for ax in list(axes.flat)[len(models):]:
         ax.axis("off")
     machine = str(df["fingerprint"].dropna().iloc[0]) if "fingerprint" in df and df["fingerprint"].notna().any() else ""
-    caption = f"{threads} thread(s); median with p10-p90 bars. {machine}"
+    caption = (f"{threads} thread(s)" + (f", NUMA policy {policy}" if policy else "")
+               + f"; median with p10-p90 bars. {machine}" + gpu_note)
     fig.suptitle("MoE expert FFN latency vs tokens per expert (paper Fig. 10 style)", fontsize=12)
     wrapped = textwrap.wrap(caption, 150)
     fig.text(0.5, 0.01, "\n".join(wrapped), ha="center", va="bottom", fontsize=7)
@@ -115,7 +162,7 @@ def fig10(results: list[str], out_dir: str | None = None) -> list[Path]:
     return _save(fig, "fig10", results, out_dir, caption, df)
 
 
-def fig15(results: list[str], out_dir: str | None = None) -> list[Path]:
+def fig15(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
     """Remote-DRAM fraction per backend and model, weights interleaved: measured (perf) where the
     counters worked, modeled otherwise, and each bar says which."""
     import matplotlib
@@ -124,12 +171,14 @@ def fig15(results: list[str], out_dir: str | None = None) -> list[Path]:
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    df = load_frame(results)
+    df = load_frame(results) if frame is None else frame
+    _one_machine(df, "fig15")
     if "remote_fraction_model" not in df:
         raise UserError("these rows have no NUMA columns: make them with --numa interleave (suites/fig15.toml)")
     df = df[df["numa"] == "interleave"]
     if df.empty:
         raise UserError("no rows with --numa interleave in the results given")
+    df, gpu_note = _cpu_only(df)
     for c in ("remote_fraction_model", "remote_fraction_perf"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     models = list(dict.fromkeys(df["model"]))
@@ -167,10 +216,158 @@ def fig15(results: list[str], out_dir: str | None = None) -> list[Path]:
     ran = df[df["status"].isin(["ok", "wrong"])]
     reasons = sorted(set(ran["perf_reason"].dropna().astype(str))) if "perf_reason" in ran else []
     caption = machine + (f". perf: {reasons[0][:200]}" if reasons else "") + (
-        f". Did not run here (no bar): {', '.join(not_run)}" if not_run else "")
+        f". Did not run here (no bar): {', '.join(not_run)}" if not_run else "") + gpu_note
     fig.text(0.5, 0.005, "\n".join(textwrap.wrap(caption, 150)), ha="center", va="bottom", fontsize=7)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
     return _save(fig, "fig15", results, out_dir, caption, df)
 
 
-FIGURES = {"fig10": fig10, "fig15": fig15}
+def _batch(df):
+    """Batch tokens of FFN rows (rows stored before the column existed: = tokens per expert)."""
+    import pandas as pd
+    b = pd.to_numeric(df["batch_tokens"], errors="coerce") if "batch_tokens" in df else None
+    t = pd.to_numeric(df["tokens_per_expert"], errors="coerce")
+    return t if b is None else b.fillna(t)
+
+
+def fig1_points(df):
+    """Figure 1's rows: every FFN row (any routing), batch tokens filled in."""
+    if "op" in df:
+        df = df[df["op"].fillna("ffn") == "ffn"]
+    df = df.copy()
+    if len(df):
+        df["batch_tokens"] = _batch(df)
+    return df
+
+
+def _side_missing(rows, what: str, how: str) -> str:
+    """Why one side of Figure 1 has no row that ran, in words."""
+    if not len(rows):
+        return f"no rows of {what} ({how})"
+    seen = []
+    for r in rows.to_dict("records"):
+        s = f"{r['backend']}: {r['status']}" + (f" ({_short(r.get('reason'), 140)})" if r.get("reason") else "")
+        if s not in seen:
+            seen.append(s)
+    return f"no ok rows of {what}: " + "; ".join(seen[:4]) + (" ..." if len(seen) > 4 else "")
+
+
+def fig1(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
+    """The paper's Figure 1 style: expert-FFN throughput (tokens per second = batch tokens / median
+    latency of one call) against batch tokens, the CPU backends beside the CUDA backend, one panel
+    per model and routing. Needs ok rows of both sides (of any machines: a GPU's rows may come from
+    another results folder); otherwise a UserError names the side that is missing and why."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from ..backends.torch_cuda import device_name
+
+    df = fig1_points(load_frame(results) if frame is None else frame)
+    if df.empty:
+        raise UserError("fig1 needs FFN rows; the results given have none")
+    df["routing"] = df["routing"].fillna("same-experts") if "routing" in df else "same-experts"
+    is_gpu = df["backend"].isin(CUDA_BACKENDS)
+    gpu, cpu = df[is_gpu], df[~is_gpu]
+    missing = []
+    if not (gpu["status"] == "ok").any():
+        missing.append(_side_missing(gpu, "the CUDA backend (torch-cuda)",
+                                     "measure them where an NVIDIA GPU and a CUDA build of torch are: "
+                                     "hinabench ffn --backends torch-cuda --tokens 1,4,16,64,256"))
+    if not (cpu["status"] == "ok").any():
+        missing.append(_side_missing(cpu, "a CPU backend", "hinabench ffn --tokens 1,4,16,64,256"))
+    if missing:
+        raise UserError("fig1 (CPU vs GPU throughput) needs rows of both sides that ran: " + "; ".join(missing))
+    ok = df[df["status"] == "ok"]
+    ok_gpu, ok_cpu = ok[ok["backend"].isin(CUDA_BACKENDS)], ok[~ok["backend"].isin(CUDA_BACKENDS)]
+    on_gpu, on_cpu = set(zip(ok_gpu["model"], ok_gpu["routing"])), set(zip(ok_cpu["model"], ok_cpu["routing"]))
+    panels = [p for p in dict.fromkeys(zip(ok["model"], ok["routing"])) if p in on_gpu and p in on_cpu]
+    if not panels:
+        raise UserError("fig1 needs CPU and CUDA rows that ran of one model and routing; the CUDA rows are of "
+                        + ", ".join(f"{m} ({r})" for m, r in sorted(on_gpu)) + "; the CPU rows of "
+                        + ", ".join(f"{m} ({r})" for m, r in sorted(on_cpu)))
+    machines = list(dict.fromkeys(df["machine"].dropna().astype(str))) if "machine" in df else []
+    many = len(machines) > 1
+    ncol = min(len(panels), 2)
+    nrow = (len(panels) + ncol - 1) // ncol
+    fig, axes = plt.subplots(nrow, ncol, figsize=(max(9.0, 6.4 * ncol), 4.6 * nrow + 2.0), squeeze=False)
+    legend: dict[str, object] = {}
+    lines = list(dict.fromkeys(zip(df["machine"].fillna("") if "machine" in df else [""] * len(df),
+                                   df["backend"])))
+    palette = plt.cm.tab10 if len(lines) <= 10 else plt.cm.tab20
+    colors = {k: palette(i % palette.N) for i, k in enumerate(lines)}
+    threads_used = set()
+    for ax, (model, routing) in zip(axes.flat, panels):
+        m = df[(df["model"] == model) & (df["routing"] == routing)]
+        for key in lines:
+            machine, b = key
+            rows = m[(m["backend"] == b) & ((m["machine"].fillna("") == machine) if "machine" in m else True)]
+            if not len(rows):
+                continue
+            gpu_line = b in CUDA_BACKENDS
+            label = b
+            if gpu_line:
+                dev = next((device_name(v) for v in rows.get("versions", pd.Series(dtype=object)) if device_name(v)), "")
+                label = f"{b} ({dev})" if dev else b
+            if many:
+                label += f" @ {machine or 'machine not recorded'}"
+            r_ok = rows[rows["status"] == "ok"]
+            if len(r_ok):
+                r_ok = r_ok[r_ok["threads"] == r_ok["threads"].max()]
+                r_ok = r_ok[r_ok["numa"].fillna("default") == r_ok["numa"].fillna("default").iloc[0]] if "numa" in r_ok else r_ok
+                r_ok = r_ok.drop_duplicates("batch_tokens", keep="last").sort_values("batch_tokens")
+                if not gpu_line:
+                    threads_used.update(int(t) for t in r_ok["threads"].dropna())
+                tps = r_ok["batch_tokens"] / (r_ok["median_ms"] / 1e3)
+                lo = r_ok["batch_tokens"] / (r_ok["p90_ms"] / 1e3)
+                hi = r_ok["batch_tokens"] / (r_ok["p10_ms"] / 1e3)
+                yerr = [(tps - lo).clip(lower=0).fillna(0), (hi - tps).clip(lower=0).fillna(0)]
+                h = ax.errorbar(r_ok["batch_tokens"], tps, yerr=yerr, marker="s" if gpu_line else "o", ms=4,
+                                capsize=2, lw=2.2 if gpu_line else 1.2, ls="-" if gpu_line else "--",
+                                color=colors[key])
+                legend.setdefault(label + (" [GPU]" if gpu_line else ""), h)
+            elif len(rows):
+                st = rows.iloc[0]
+                legend.setdefault(f"{label}: {st['status']} — {_short(st['reason'])}",
+                                  plt.Line2D([], [], color=(0.6, 0.6, 0.6), ls=":"))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch tokens (B)")
+        ax.set_ylabel("expert FFN throughput (tokens/s)")
+        ax.set_title(f"{model}, {routing} routing, {m['dtype'].iloc[0]}")
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fps = []
+    if "fingerprint" in df:
+        for mach, fp in dict.fromkeys(zip(df["machine"].fillna("") if "machine" in df else [""] * len(df),
+                                          df["fingerprint"].fillna(""))):
+            if fp:
+                fps.append(f"{mach}: {fp}" if many and mach else str(fp))
+    thr = ", ".join(str(t) for t in sorted(threads_used))
+    caption = (f"tokens/s = batch tokens / median latency of one MoE FFN call (p10-p90 bars); CPU backends at "
+               f"{thr} thread(s), the GPU's call includes copying its output to the host. " + " | ".join(fps))
+    fig.suptitle("MoE expert FFN throughput, CPU vs GPU, by batch (paper Fig. 1 style)", fontsize=12)
+    wrapped = textwrap.wrap(caption, 150)
+    fig.text(0.5, 0.01, "\n".join(wrapped), ha="center", va="bottom", fontsize=7)
+    h_in = fig.get_figheight()
+    cap = (0.14 * len(wrapped) + 0.1) / h_in
+    fig.legend(list(legend.values()), list(legend.keys()), loc="lower center", ncol=2 if len(legend) > 6 else 1,
+               fontsize=8, frameon=False, bbox_to_anchor=(0.5, cap))
+    leg = (0.17 * ((len(legend) + 1) // (2 if len(legend) > 6 else 1)) + 0.1) / h_in
+    fig.tight_layout(rect=(0, cap + leg, 1, 0.96))
+    return _save(fig, "fig1", results, out_dir, caption, df)
+
+
+def _fig15_rows(df):
+    return df[df["numa"] == "interleave"] if "numa" in df else df.iloc[0:0]
+
+
+FIGURES = {"fig1": fig1, "fig10": fig10, "fig15": fig15}
+# The rows behind each figure, every status kept (what `hinabench report` shows beside the figure).
+FIGURE_ROWS = {"fig1": fig1_points, "fig10": ffn_points, "fig15": _fig15_rows}
+TITLES = {"fig1": "Figure 1: CPU vs GPU expert-FFN throughput by batch",
+          "fig10": "Figure 10: expert-FFN latency vs tokens per expert, with the roofline",
+          "fig15": "Figure 15: remote-DRAM traffic, weights interleaved"}

@@ -86,6 +86,22 @@ RESULTS = View([
 ], title=_result_title, style=_status_style, right=("T", "thr", "rank"))
 
 
+def results_view(rows: list[dict], runs: bool = False) -> View:
+    """RESULTS, with a `machine` column first when the rows come from several machines, and the run
+    id last with `runs` (every run of a point shown, `--all`)."""
+    cols = list(RESULTS.columns)
+    if len(machines_of(rows)) > 1:
+        cols.insert(0, ("machine", "machine", None))
+    if runs:
+        cols.append(("run", "run_id", None))
+    return View(cols, RESULTS.title, RESULTS.style, RESULTS.right)
+
+
+def machines_of(rows: list[dict]) -> list[str]:
+    """The machine ids the rows record, in first-seen order ('' for rows that record none)."""
+    return list(dict.fromkeys(str(r.get("machine") or "") for r in rows))
+
+
 def plain_view(rows: list[dict]) -> View:
     """Every key of the first row, numbers to one decimal (bandwidth, peak, lists of dicts)."""
     keys = list(rows[0]) if rows else []
@@ -187,7 +203,13 @@ def reasons(rows: list[dict]) -> list[str]:
 
 
 def provenance(rows: list[dict]) -> tuple[list[str], list[str]]:
-    """(machines, commands) the rows record."""
+    """(machines, commands) the rows record; with rows of several machines each fingerprint is
+    prefixed by its machine id."""
+    if len(machines_of(rows)) > 1:
+        machines = sorted({f"{r.get('machine') or '?'}: {r.get('fingerprint') or 'fingerprint not recorded'}"
+                           for r in rows})
+        commands = sorted({str(r.get("command") or "") for r in rows} - {""})
+        return machines, commands
     machines = sorted({str(r.get("fingerprint") or r.get("machine") or "") for r in rows} - {""})
     commands = sorted({str(r.get("command") or "") for r in rows} - {""})
     return machines, commands
