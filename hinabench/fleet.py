@@ -49,9 +49,14 @@ def resource_name(host: str) -> str:
     return RESOURCE_PREFIX + host
 
 
+def host_resources(host: str | None = None) -> str:
+    """The custom resource (JSON) that makes a Ray node the fleet host `host` (default: its hostname)."""
+    return json.dumps({resource_name(host or socket.gethostname()): 1})
+
+
 def start_args(host: str | None = None) -> str:
     """The `ray start` option that makes a node a fleet host."""
-    return f"--resources='{json.dumps({resource_name(host or socket.gethostname()): 1})}'"
+    return f"--resources='{host_resources(host)}'"
 
 
 # ---------------------------------------------------------------- the cluster's hosts
@@ -212,6 +217,7 @@ class FleetRun:
         self.run_id = time.strftime("%Y%m%dT%H%M%S") + f"-fleet-{os.getpid()}"
         self.lock = threading.Lock()
         self.actors: dict[str, object] = {}
+        self.stopping = False
         self.status = {
             "suite": name, "suite_file": suite_file, "run_id": self.run_id,
             "command": command, "ray_address": address,
@@ -294,9 +300,14 @@ class FleetRun:
             why = str(cause) if cause is not None else str(e).strip().splitlines()[-1]
             self._set(h.name, state="failed", reason=f"{type(cause).__name__ if cause else 'error'} on the host: "
                                                     f"{why.splitlines()[0] if why else ''}")
-        except rex.RayError as e:              # the actor or its node died
-            first = next((ln.strip() for ln in str(e).splitlines() if "died" in ln.lower()), "")
-            self._set(h.name, state="lost", reason=f"{type(e).__name__}: {first or str(e).splitlines()[0]}")
+        except rex.RayError as e:              # the actor or its node died (or we stopped it)
+            if self.stopping:
+                self._set(h.name, state="interrupted")
+                return
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+            why = next((ln for ln in lines if "because" in ln), None) or \
+                next((ln for ln in lines if "died" in ln.lower()), lines[0] if lines else "")
+            self._set(h.name, state="lost", reason=f"{type(e).__name__}: {why}")
         except Exception as e:                 # a driver-side bug: the host's row stream stops here
             self._set(h.name, state="failed", reason=f"{type(e).__name__}: {e}")
         finally:
@@ -323,6 +334,7 @@ class FleetRun:
                 for t in threads:
                     t.join(0.2)
         except KeyboardInterrupt:
+            self.stopping = True
             ray = _ray()
             for a in list(self.actors.values()):
                 try:
@@ -330,6 +342,9 @@ class FleetRun:
                 except Exception:
                     pass
             kept = sum(s["measured"] for s in self.status["hosts"].values())
+            for n, s in self.status["hosts"].items():
+                if s["state"] not in ("done", "lost", "failed"):
+                    self._set(n, state="interrupted")
             self._set(state="interrupted")
             self.echo(f"hinabench: interrupted: {kept} row(s) kept by this run; run the same command again "
                       f"to continue")

@@ -9,6 +9,7 @@ so that it can be killed between its two rows deterministically.
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -71,6 +72,9 @@ def test_results_sit_per_machine_and_per_host(tmp_path):
     assert results_path(tmp_path, "amd-f25m1-2t-1n", "fig10", "node 3") == \
         tmp_path / "amd-f25m1-2t-1n" / "fig10-node_3.csv"
     assert start_args("a") == """--resources='{"hinabench-host:a": 1}'"""
+    from clihelp import invoke
+    r = invoke("fleet", "resources", "--name", "a")
+    assert r.exit_code == 0 and json.loads(r.output) == {"hinabench-host:a": 1}
 
 
 def test_fleet_run_needs_an_address(tmp_path):
@@ -164,17 +168,35 @@ def test_fleet_run_on_named_hosts_stores_rows_per_machine_and_resumes(cluster, t
     assert "a: nothing to do" in r.stderr and len(rows(a)) == 2
 
 
-def test_fleet_status_lists_hosts_and_their_fingerprints(cluster, tmp_path):
+def test_fleet_interrupted_then_status_lists_hosts_fingerprints_and_progress(cluster, tmp_path):
+    res = tmp_path / "results"
+    b = res / "fleet-b" / "tiny-b.csv"
+    p = fleet(cluster, tmp_path, "run", suite(tmp_path), "--hosts", "b", popen=True)
+    t0 = time.monotonic()
+    while data_lines(b) < 1:
+        assert p.poll() is None, p.communicate()
+        assert time.monotonic() - t0 < 240, "host b never streamed a row"
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)                 # Ctrl-C on the driver: the host is stopped and freed
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "interrupted: 1 row(s) kept" in err and [int(x["tokens_per_expert"]) for x in rows(b)] == [1]
+
     r = fleet(cluster, tmp_path, "status", "--json")
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
     hosts = {h["name"]: h for h in st["hosts"]}
     assert set(hosts) == {"a", "b"}
-    for name, h in hosts.items():
+    for name, h in hosts.items():                # both idle again: each asked for its fingerprint
         assert h["alive"] and h["state"] == "idle" and h["resource"] == f"hinabench-host:{name}"
         assert h["machine"] == f"fleet-{name}" and "ISA" in h["fingerprint"] and h["source"] == "asked now"
         assert h["node_id"] == cluster.hosts[name].node_id
-    assert len(st["other_nodes"]) == 1 and st["runs"] == []      # the head; no run recorded here
+    assert len(st["other_nodes"]) == 1           # the head: no hinabench-host resource
+    (run,) = st["runs"]
+    assert run["state"] == "interrupted" and list(run["hosts"]) == ["b"]
+    assert run["hosts"]["b"]["state"] == "interrupted" and run["hosts"]["b"]["measured"] == 1
+    r = fleet(cluster, tmp_path, "status")       # the same, in words
+    assert r.returncode == 0 and "tiny: interrupted" in r.stdout and "b: interrupted  1/2 rows" in r.stdout
     r = fleet(cluster, tmp_path, "run", suite(tmp_path), "--hosts", "x")
     assert r.returncode == 2 and "no fleet host 'x'" in r.stderr and "hosts: a, b" in r.stderr
 

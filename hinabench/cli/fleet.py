@@ -19,7 +19,7 @@ _RESULTS = click.option("--results", default="results", show_default=True, type=
 def fleet():
     """Run a suite on every host of a Ray cluster, one benchmark per host at a time.
 
-    Each host is a Ray node started with the resource hinabench-host:<name> (see `fleet start-args`)
+    Each host is a Ray node started with the resource hinabench-host:<name> (`ray start ... --resources "$(hinabench fleet resources)"`)
     and its own installed hinabench."""
 
 
@@ -88,12 +88,13 @@ def fleet_status(address, results, as_json):
             click.echo(line)
 
 
-@fleet.command("start-args")
+@fleet.command("resources")
 @click.option("--name", default=None, help="The host's name (default: this machine's hostname).")
-def start_args(name):
-    """The `ray start` option that makes this machine's node a fleet host."""
-    from ..fleet import start_args as args
-    click.echo(args(name))
+def resources(name):
+    """The custom resource that makes this machine's Ray node a fleet host, as JSON for
+    `ray start --resources "$(hinabench fleet resources)"`."""
+    from ..fleet import host_resources
+    click.echo(host_resources(name))
 
 
 def _ago(stamp) -> str:
