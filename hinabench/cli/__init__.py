@@ -4,6 +4,7 @@
   run.py       ffn, linear, suite run                  (measure points into results files)
   results.py   show, targets, figure                   (stored rows: print, judge, draw)
   numa, env    the NUMA tools and the peers' environments
+  fleet.py     fleet run, status                       (a suite on every host of a Ray cluster)
 Every command that prints rows takes --format (hinabench/report/render.py's renderers).
 """
 from __future__ import annotations
@@ -78,12 +79,13 @@ def cli():
 
 def _attach() -> None:
     # Imported here (not lazily swallowed): a broken module is an error, not a vanished command.
-    from . import env, machine, numa, results, run
+    from . import env, fleet, machine, numa, results, run
     for mod in (machine, run, results):
         for c in mod.COMMANDS:
             cli.add_command(c)
     cli.add_command(numa.numa)
     cli.add_command(env.env)
+    cli.add_command(fleet.fleet)
 
 
 _attach()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -37,7 +38,8 @@ def sysinfo(as_json, summary):
     t.add_row("perf hw counters", "yes" if fp["perf_hw_counters"] else f"no: {fp['perf_reason']}")
     t.add_row("versions", f"linux {fp['kernel']}, python {fp['python']}, torch {fp['torch']}, "
                           f"oneDNN {fp['onednn']}, hinabench {fp['hinabench']} ({fp['git_rev']})")
-    t.add_row("machine id", s.machine_id(fp))
+    overridden = bool(os.environ.get(s.MACHINE_ID_ENV, "").strip())
+    t.add_row("machine id", s.machine_id(fp) + (f" (from ${s.MACHINE_ID_ENV})" if overridden else ""))
     console().print(t)
     click.echo(s.summary(fp))
 

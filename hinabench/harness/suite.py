@@ -190,18 +190,14 @@ def default_out(name: str, models: list[str]) -> Path:
     return Path("results") / machine_id() / f"{name}-{tag}-{stamp}.csv"
 
 
-def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
-              command: str = "") -> list[dict]:
-    """Measure every point of `sweep` into the results file `out`; print the rows in `fmt`."""
-    from ..machine.sysinfo import summary, topology
+def plan_sweep(sweep: Sweep) -> tuple[list[Point], list[str]]:
+    """The points and backends of `sweep` on this machine (threads default to its usable CPUs),
+    validated before anything is measured."""
+    from ..machine.sysinfo import topology
     from ..numa.placement import parse_policy
-    from ..report.render import emit, reasons
-    from . import runner
-    from .runner import RunConfig
-    from .store import ResultStore
 
-    threads = sweep.threads or [len(topology()["usable_cpus"])]
     ncpu = len(topology()["usable_cpus"])
+    threads = sweep.threads or [ncpu]
     if any(t < 1 or t > ncpu for t in threads):
         raise UserError(f"--threads must be between 1 and {ncpu} (the CPUs this process may use)")
     for pol in sweep.numa or ["default"]:
@@ -214,6 +210,30 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
         for dt in sweep.dtypes:
             if explicit and dt not in cls.dtypes:
                 raise UserError(f"backend {n} has no {dt} path (it has: {', '.join(cls.dtypes)})")
+    return points, names
+
+
+def run_config(sweep: Sweep, command: str = "", run_id: str = ""):
+    """How the runner times the sweep's points (the command and run id every row carries)."""
+    from .runner import RunConfig
+    cfg = RunConfig(rounds=sweep.rounds, warmup=sweep.warmup, repeats=sweep.repeats,
+                    min_time=sweep.min_time, seed=sweep.seed, perf=sweep.perf)
+    if command:
+        cfg.command = command
+    if run_id:
+        cfg.run_id = run_id
+    return cfg
+
+
+def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
+              command: str = "") -> list[dict]:
+    """Measure every point of `sweep` into the results file `out`; print the rows in `fmt`."""
+    from ..machine.sysinfo import summary
+    from ..report.render import emit, reasons
+    from . import runner
+    from .store import ResultStore
+
+    points, names = plan_sweep(sweep)
     if resume and not out:
         raise UserError("--resume needs --out FILE (the results file to continue)")
     store = ResultStore(out or default_out(name, sweep.models), op=sweep.op)
@@ -231,10 +251,7 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
         click.echo(f"hinabench: nothing to do: all {len(points) * len(names)} row(s) of this sweep are "
                    f"already in {store.path}", err=True)
         return []
-    cfg = RunConfig(rounds=sweep.rounds, warmup=sweep.warmup, repeats=sweep.repeats,
-                    min_time=sweep.min_time, seed=sweep.seed, perf=sweep.perf)
-    if command:
-        cfg.command = command
+    cfg = run_config(sweep, command)
     quiet = fmt != "table"
     rows: list[dict] = []
     progress = None

@@ -161,8 +161,20 @@ def fingerprint() -> dict:
     }
 
 
+MACHINE_ID_ENV = "HINABENCH_MACHINE_ID"
+
+
 def machine_id(fp: dict | None = None) -> str:
-    """A short, stable name for this kind of machine: results are stored per machine."""
+    """A short, stable name for this kind of machine: results are stored per machine.
+    $HINABENCH_MACHINE_ID replaces it (a name of letters, digits, '.', '_', '-'): to keep apart the
+    results of hosts that are the same kind of machine, or several Ray nodes on one machine."""
+    override = os.environ.get(MACHINE_ID_ENV, "").strip()
+    if override:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", override):
+            from ..errors import UserError
+            raise UserError(f"{MACHINE_ID_ENV}={override!r} is not a machine id: use up to 64 letters, "
+                            f"digits, '.', '_' or '-' (it names a folder under results/)")
+        return override
     fp = fp or fingerprint()
     c = fp["cpu"]
     vendor = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(c["vendor"], c["vendor"].lower())
