@@ -90,7 +90,7 @@ def test_fleet_run_needs_an_address(tmp_path):
 # ---------------------------------------------------------------- a real local cluster
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tmp_path_factory):
     pytest.importorskip("ray", reason="Ray is not installed: pip install 'hinabench[fleet]'")
     saved = {k: os.environ.get(k) for k in RAY_ENV}
     os.environ.update(RAY_ENV)
@@ -98,18 +98,23 @@ def cluster():
     ray_constants.ENABLE_RAY_CLUSTER = False      # read at import: the same as the variable above
     from ray.cluster_utils import Cluster
     c = None
+    here, work = os.getcwd(), tmp_path_factory.mktemp("hosts")
+    os.chdir(work)                                # the nodes' (and their workers') working folder
     # the node's death is noticed in about a second (Ray's default: tens of seconds)
     fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
             "health_check_initial_delay_ms": 0}
     try:
         c = Cluster(initialize_head=True, head_node_args={
             "num_cpus": 0, "include_dashboard": False, "node_ip_address": "127.0.0.1", "_system_config": fast})
+        c.workdir = work
         nodes = {"a": add_host(c, "a"), "b": add_host(c, "b", slow=True)}
         c.wait_for_nodes()
     except Exception as e:
         if c is not None:
             c.shutdown()
         pytest.skip(f"Ray could not start a local cluster here: {type(e).__name__}: {e}")
+    finally:
+        os.chdir(here)
     c.hosts = nodes
     yield c
     c.shutdown()
@@ -124,8 +129,13 @@ def add_host(c, name, slow=False):
     env = {"HINABENCH_MACHINE_ID": f"fleet-{name}"}
     if slow:
         env["HINABENCH_FLEET_HOST_DELAY"] = "120"     # after each row: killed long before the next
-    return c.add_node(num_cpus=1, resources={f"hinabench-host:{name}": 1}, node_ip_address="127.0.0.1",
-                      env_vars=env)
+    here = os.getcwd()
+    os.chdir(c.workdir)
+    try:
+        return c.add_node(num_cpus=1, resources={f"hinabench-host:{name}": 1}, node_ip_address="127.0.0.1",
+                          env_vars=env)
+    finally:
+        os.chdir(here)
 
 
 def fleet(c, tmp_path, *args, popen=False):
