@@ -185,3 +185,19 @@ def test_wait_quiet_waits_for_a_busy_machine_then_says_so(tmp_path):
     finally:
         busy.kill()
         busy.wait()
+
+
+def test_a_file_of_an_older_schema_is_resumed_in_its_own_columns(stored, tmp_path):
+    path = tmp_path / "old.csv"
+    rows = csv_rows(stored)
+    old_cols = [c for c in rows[0] if c not in ("op", "routing", "batch_tokens", "note", "run_id",
+                                                  "peak_gflops_min", "peak_gflops_machine", "denominators_moved")]
+    import csv as _csv
+    with open(path, "w", newline="") as f:
+        w = _csv.DictWriter(f, fieldnames=old_cols, extrasaction="ignore", lineterminator="\n")
+        w.writeheader()
+        w.writerow(rows[0])                                   # T = 1 measured by "an older hinabench"
+    r = invoke("ffn", *FAST, "--tokens", "1,2", "--out", str(path), "--resume")
+    assert r.exit_code == 0 and "written by an older hinabench" in r.output, r.output
+    got = csv_rows(path)
+    assert list(got[0]) == old_cols and [x["tokens_per_expert"] for x in got] == ["1", "2"]

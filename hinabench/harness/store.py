@@ -133,15 +133,23 @@ class ResultStore:
                              f"and its point is measured again")
 
     def _check_header(self, cols: list[str]) -> None:
+        """A results file of this kind, possibly written by an older hinabench (fewer columns), is
+        appended to in its own header; anything else is refused."""
+        from ..problems import KINDS
         missing = [c for c in self.columns if c not in cols]
         extra = [c for c in cols if c not in self.columns]
-        # rows written before `op`, `routing`, `batch_tokens` existed read as their defaults
-        if extra or not cols or set(missing) - OPTIONAL_IN_OLD_FILES or "backend" not in cols:
+        # the columns that name a point must be there, except those older rows read as defaults
+        needed = ({"backend", "status", "threads", "numa"} | set(KINDS[self.op].key_columns)) - OPTIONAL_IN_OLD_FILES
+        if extra or not cols or needed - set(cols):
             what = "garbage or another CSV" if "backend" not in cols or "status" not in cols else \
-                f"another schema (missing {missing[:4]}, unknown {extra[:4]})"
+                f"another schema (missing {sorted(needed - set(cols))[:4] or missing[:4]}, unknown {extra[:4]})"
             raise UserError(f"{self.path} is not a {self.op} results file ({what}); nothing was appended: "
                             f"write to a new file")
         self.file_columns = cols
+        if missing:
+            self.repaired = (self.repaired + "; " if self.repaired else "") + (
+                f"{self.path} was written by an older hinabench: new rows are stored in its columns "
+                f"(without {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''})")
 
     def rows(self) -> list[dict]:
         if not self.path.exists() or self.path.stat().st_size == 0:
