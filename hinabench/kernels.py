@@ -54,7 +54,6 @@ are bf16), as every bf16 kernel we know does.
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 
 import torch
