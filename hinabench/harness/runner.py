@@ -80,10 +80,10 @@ def _base_row(point: Point, name: str, cfg: RunConfig, groups: int) -> dict:
     problem = point.problem
     row = empty_row(point.op)
     row.update(point.columns())
-    factor = backend_registry.get(name).weight_bytes_factor
+    cls = backend_registry.get(name)
     row.update(backend=name, rounds=cfg.rounds, warmup=cfg.warmup,
-               note=backend_registry.get(name).row_note(point.threads) or None,
-               tolerance=problem.tolerance, weight_bytes=int(problem.weight_bytes * factor),
+               note=cls.row_note(point.threads) or None,
+               tolerance=problem.tolerance, weight_bytes=int(problem.weight_bytes * cls.weight_bytes_factor),
                flops=problem.flops, rotation_groups=groups,
                allocated_bytes=problem.allocated_bytes(groups), machine=machine_id(fp),
                fingerprint=summary(fp), hinabench_version=__version__, git_rev=fp["git_rev"],
@@ -120,7 +120,7 @@ def _denominators(row: dict, probes: list, peaks: list, threads: int) -> tuple[f
         gf = [g for g, _ in peaks]
         peak, unit = max(peaks)
         row.update(peak_gflops_min=min(gf))
-    else:                       # a worker of an older protocol: the harness's own peak, once
+    else:                       # a backend whose measure_round took no compute probe: this process's
         peak, unit = peak_gflops(threads)
         gf = [peak]
     row["peak_gflops_machine"] = remember_peak(str(row.get("fingerprint")), threads, unit, peak)

@@ -117,9 +117,9 @@ class Problem(ABC):
         """Transient bytes the float32 reference takes."""
 
     def memory_needed(self, groups: int, extra_bytes: int = 0) -> int:
-        """Bytes a run needs: the groups, activations, the reference, the backends' copies, headroom."""
-        return self.allocated_bytes(groups) + 16 * self.batch_tokens * 4096 + self.reference_bytes() \
-            + extra_bytes + (256 << 20)
+        """Bytes a run needs: what materialize allocates (weight groups and activations), the
+        transient reference, the backends' own copies (`extra_bytes`), and headroom."""
+        return self.allocated_bytes(groups) + self.reference_bytes() + extra_bytes + (256 << 20)
 
     # ---- data --------------------------------------------------------------------------------------
     @abstractmethod

@@ -157,9 +157,6 @@ class FFNProblem(Problem):
     def reference_bytes(self) -> int:
         return 3 * self.H * self.I * 4 * 2      # float32 copies of one expert, transient
 
-    def memory_needed(self, groups: int, extra_bytes: int = 0) -> int:
-        return self.allocated_bytes(groups) + extra_bytes + self.reference_bytes() + (256 << 20)
-
     def matrices(self) -> list[tuple]:
         """w13 [n, 2I, H] from the placement's phase, then w_down [n, H, I] (its own allocation, so
         its own page phase: 0); n = the experts one call reads."""
