@@ -64,11 +64,6 @@ def empty_row(op: str = "ffn") -> dict:
     return {c: None for c in schema(op)}
 
 
-def point_key(row: dict) -> tuple:
-    """A stored row's point with its backend (hinabench/harness/points.py's row_key)."""
-    return row_key(row)
-
-
 class ResultStore:
     """Rows on disk: CSV (appended one row per write, fsynced) or Parquet (rewritten after each row).
 
@@ -161,7 +156,7 @@ class ResultStore:
         return [r for r in rows if None not in r and all(v is not None for v in r.values())]
 
     def done_keys(self) -> set[tuple]:
-        return {point_key(r) for r in self.rows()
+        return {row_key(r) for r in self.rows()
                 if r.get("status") in STATUSES and r.get("status") not in RETRY_STATUSES}
 
     def append(self, row: dict) -> None:
