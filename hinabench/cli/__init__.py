@@ -5,6 +5,7 @@
   results.py   show, targets, figure                   (stored rows: print, judge, draw)
   numa, env    the NUMA tools and the peers' environments
   fleet.py     fleet run, status                       (a suite on every host of a Ray cluster)
+  reproduce.py reproduce                               (every paper figure this machine can make)
 Every command that prints rows takes --format (hinabench/report/render.py's renderers).
 """
 from __future__ import annotations
@@ -79,8 +80,8 @@ def cli():
 
 def _attach() -> None:
     # Imported here (not lazily swallowed): a broken module is an error, not a vanished command.
-    from . import env, fleet, machine, numa, results, run
-    for mod in (machine, run, results):
+    from . import env, fleet, machine, numa, reproduce, results, run
+    for mod in (machine, run, results, reproduce):
         for c in mod.COMMANDS:
             cli.add_command(c)
     cli.add_command(numa.numa)

@@ -226,8 +226,10 @@ def run_config(sweep: Sweep, command: str = "", run_id: str = ""):
 
 
 def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
-              command: str = "") -> list[dict]:
-    """Measure every point of `sweep` into the results file `out`; print the rows in `fmt`."""
+              command: str = "", admit=None) -> list[dict]:
+    """Measure every point of `sweep` into the results file `out`; print the rows in `fmt`.
+    `admit(point, backends_to_do)`, when given, is asked before each point with rows still to measure;
+    False ends the sweep there (a time budget: `hinabench reproduce`), the rows so far kept."""
     from ..machine.sysinfo import summary
     from ..report.render import emit, reasons
     from . import runner
@@ -266,6 +268,10 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
             task = progress.add_task("measuring", total=len(points) * len(names) * sweep.rounds)
             progress.start()
         for pt in points:
+            if admit is not None:
+                todo = [n for n in names if pt.key(n) not in skip]
+                if todo and not admit(pt, todo):
+                    break
             if progress is not None:
                 progress.update(task, description=str(pt))
             if sweep.wait_quiet > 0:

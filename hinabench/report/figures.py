@@ -3,6 +3,8 @@
 fig10: the paper's Figure 10 style: FFN latency against tokens per expert, one line per backend,
 one panel per model, with the roofline drawn in. Backends that could not run here are in the legend
 with the reason. The caption carries the machine's one-line summary and the command that made the rows.
+fig4: the share of the same-process read bandwidth each backend's FFN reaches in decode (the
+smallest T), a bar per backend and model (and per NUMA policy where rows have several).
 fig15: the remote-DRAM fraction per backend, weights interleaved (measured or modeled, labelled).
 fig1: CPU vs GPU expert-FFN throughput (tokens/s) by batch tokens: the CPU backends against the
 `torch-cuda` backend, drawn only where both sides have rows that ran.
@@ -160,6 +162,90 @@ def fig10(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     leg = (0.17 * len(legend) + 0.1) / h_in
     fig.tight_layout(rect=(0, cap + leg, 1, 0.96))
     return _save(fig, "fig10", results, out_dir, caption, df)
+
+
+def fig4_points(df):
+    """Figure 4's rows: FFN rows (same-experts routing) at each model's smallest tokens per expert
+    (decode), one thread count (the largest), every NUMA policy and status."""
+    df = ffn_points(df)
+    if df.empty:
+        return df
+    df = df[df["threads"] == df["threads"].max()]
+    first = df.groupby("model")["tokens_per_expert"].transform("min")
+    return df[df["tokens_per_expert"] == first]
+
+
+def fig4(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
+    """Memory-bandwidth utilisation of each method's MoE FFN in decode: achieved GB/s over the
+    same-process read probe, a bar per backend and model, a bar group per NUMA policy where the rows
+    have several (the paper's one-node vs two-node bars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    df = fig4_points(load_frame(results) if frame is None else frame)
+    _one_machine(df, "fig4")
+    df, gpu_note = _cpu_only(df)
+    if df.empty or "pct_bw" not in df:
+        raise UserError("no FFN rows of a CPU backend (same-experts routing) in the results given: make them "
+                        "with `hinabench ffn --tokens 1` or suites/fig10.toml")
+    df = df.copy()
+    df["pct_bw"] = pd.to_numeric(df["pct_bw"], errors="coerce")
+    df["numa"] = df["numa"].fillna("default") if "numa" in df else "default"
+    models = list(dict.fromkeys(df["model"]))
+    ran = set(df[df["status"].isin(["ok", "wrong"])]["backend"])
+    not_ran = {b: f"{r['status']}: {_short(r.get('reason', ''), 70)}"
+               for b, r in df[~df["backend"].isin(ran)].groupby("backend").first().iterrows()}
+    backends = [b for b in dict.fromkeys(df["backend"]) if b in ran]     # an axis slot only for those that ran
+    if not backends:
+        raise UserError("no backend ran (status ok or wrong) in the FFN rows given")
+    policies = list(dict.fromkeys(df["numa"]))
+    series = [(m, p) for p in policies for m in models]
+    fig, ax = plt.subplots(figsize=(min(20.0, max(9.0, 0.5 * len(backends) * len(series) + 3)), 6.0))
+    width = 0.8 / max(len(series), 1)
+    for i, (model, pol) in enumerate(series):
+        sub = df[(df["model"] == model) & (df["numa"] == pol)].groupby("backend").first()
+        label = model + (f", numa {pol}" if len(policies) > 1 else "")
+        for j, b in enumerate(backends):
+            x = j + (i - (len(series) - 1) / 2) * width
+            if b not in sub.index:
+                continue
+            r = sub.loc[b]
+            if r["status"] == "ok" and pd.notna(r["pct_bw"]):
+                ax.bar(x, r["pct_bw"], width * 0.9, color=plt.cm.tab10(i % 10), edgecolor="black",
+                       label=label if label not in ax.get_legend_handles_labels()[1] else None)
+                ax.text(x, r["pct_bw"] + 0.01, f"{r['pct_bw']:.0%}", ha="center", va="bottom", fontsize=6,
+                        rotation=90)
+            else:
+                ax.text(x, 0.01, str(r["status"]), ha="center", va="bottom", fontsize=6, rotation=90,
+                        color="red" if r["status"] == "wrong" else "gray")
+    ax.axhline(1.0, color="k", ls="--", lw=1)
+    ax.text(len(backends) - 0.5, 1.0, " same-process read probe", va="bottom", ha="right", fontsize=7)
+    ax.set_xticks(range(len(backends)))
+    ax.set_xticklabels(backends, rotation=30, ha="right")
+    ax.set_ylabel("achieved weight GB/s / read probe GB/s")
+    ax.set_ylim(0, 1.15)
+    t = ", ".join(f"{m} T={int(df[df['model'] == m]['tokens_per_expert'].iloc[0])}" for m in models)
+    threads = int(df["threads"].max())
+    ax.set_title(f"Memory-bandwidth utilisation of the MoE FFN in decode (paper Fig. 4 style)\n{t}; "
+                 f"{threads} thread(s); a bar only where the result was validated (wrong rows are not drawn)",
+                 fontsize=10)
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize=8)
+    machine = str(df["fingerprint"].dropna().iloc[0]) if "fingerprint" in df and df["fingerprint"].notna().any() else ""
+    import re
+    nodes = sorted({int(m.group(1)) for m in (re.search(r"(\d+) NUMA node", f) for f in
+                   (df["fingerprint"].dropna().astype(str) if "fingerprint" in df else [])) if m})
+    caption = (machine + (". NUMA policies: " + ", ".join(policies))
+               + (". One NUMA node: the paper's two-node bars cannot be measured here" if nodes == [1] else "")
+               + (". Did not run here (no bar): " + "; ".join(f"{b} {w}" for b, w in not_ran.items()) if not_ran else "")
+               + gpu_note)
+    wrapped = textwrap.wrap(caption, 160)
+    fig.text(0.5, 0.005, "\n".join(wrapped), ha="center", va="bottom", fontsize=7)
+    fig.tight_layout(rect=(0, 0.03 + 0.025 * len(wrapped), 1, 1))
+    return _save(fig, "fig4", results, out_dir, caption, df)
 
 
 def fig15(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
@@ -365,9 +451,10 @@ def _fig15_rows(df):
     return df[df["numa"] == "interleave"] if "numa" in df else df.iloc[0:0]
 
 
-FIGURES = {"fig1": fig1, "fig10": fig10, "fig15": fig15}
+FIGURES = {"fig1": fig1, "fig4": fig4, "fig10": fig10, "fig15": fig15}
 # The rows behind each figure, every status kept (what `hinabench report` shows beside the figure).
-FIGURE_ROWS = {"fig1": fig1_points, "fig10": ffn_points, "fig15": _fig15_rows}
+FIGURE_ROWS = {"fig1": fig1_points, "fig4": fig4_points, "fig10": ffn_points, "fig15": _fig15_rows}
 TITLES = {"fig1": "Figure 1: CPU vs GPU expert-FFN throughput by batch",
+          "fig4": "Figure 4: memory-bandwidth utilisation of the MoE FFN in decode, per method",
           "fig10": "Figure 10: expert-FFN latency vs tokens per expert, with the roofline",
           "fig15": "Figure 15: remote-DRAM traffic, weights interleaved"}

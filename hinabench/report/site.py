@@ -109,7 +109,7 @@ table{border-collapse:collapse;font-size:12px}th,td{border:1px solid #dde2e7;pad
 th{background:#eef2f6;position:sticky;top:0;cursor:pointer;user-select:none;white-space:nowrap}
 th.asc::after{content:' \\25B2'}th.desc::after{content:' \\25BC'}td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr.s-wrong td,tr.s-failed td,tr.s-timeout td{background:#fde8e8}tr.s-unsupported td,tr.s-unavailable td{color:#5f6b76;background:#f4f5f6}
-td.reason{max-width:420px;white-space:normal}.badge{display:inline-block;border-radius:10px;padding:1px 8px;margin-right:6px;
+td.reason{max-width:420px;white-space:normal}table.plan td{white-space:normal;vertical-align:top}.st-ok{background:#cdebd3}.st-modeled{background:#fdf3c8}.st-unsupported{background:#f4f5f6;color:#5f6b76}.badge{display:inline-block;border-radius:10px;padding:1px 8px;margin-right:6px;
 background:#e8eef4;font-size:12px}.badge.wrong,.badge.failed,.badge.timeout{background:#f9caca}.badge.ok{background:#cdebd3}
 .tools{margin:8px 0;display:flex;gap:10px;align-items:center;flex-wrap:wrap}.tools input{width:320px;padding:4px}
 .scroll{overflow:auto;max-height:75vh;border:1px solid #dde2e7}
@@ -243,9 +243,11 @@ def _draw(name: str, fn, rows_fn, frame, machine: str, out: Path) -> Drawn:
     return d
 
 
-def build(results: list[str], out_dir: str | Path, all_runs: bool = False, command: str = "") -> dict:
+def build(results: list[str], out_dir: str | Path, all_runs: bool = False, command: str = "",
+          plan: list[dict] | None = None) -> dict:
     """Write the report for the rows in `results` into `out_dir`; return what was drawn
-    ({figure: [Drawn, ...]}) with the machines and the notes."""
+    ({figure: [Drawn, ...]}) with the machines and the notes. `plan`: `hinabench reproduce`'s rows
+    (each paper figure: measured / modeled / not reproducible here, and why), shown on the index."""
     from ..harness.store import load_frame
     from .figures import FIGURE_ROWS, FIGURES, TITLES
 
@@ -279,7 +281,7 @@ def build(results: list[str], out_dir: str | Path, all_runs: bool = False, comma
         f"<p>{len(shown)} rows from {len(machines)} machine(s)"
         + (" (every run of each point: --all)" if all_runs else " (the latest run of each point per machine)")
         + ".</p>" + rows_table(_records(shown.drop(columns=["source"], errors="ignore")), "rows")), figs))
-    index.write_text(_index_page(figs, drawn, df, machines, notes, results, command, out))
+    index.write_text(_index_page(figs, drawn, df, machines, notes, results, command, out, plan))
     return {"figures": drawn, "machines": machines, "notes": notes, "index": index}
 
 
@@ -314,8 +316,22 @@ def _figure_page(name: str, figs: dict, drawn: list[Drawn], rows_df, n_machines:
     return _page(figs[name], f"<p>One panel per machine ({n_machines}).</p>" + panels + table, figs)
 
 
+def _plan_table(plan: list[dict], figs: dict) -> str:
+    """hinabench reproduce's plan: every paper figure, its status here and why."""
+    body = []
+    for r in plan:
+        name = r["figure"]
+        link = f'<a href="{_e(name)}.html">{_e(name)}</a>' if name in figs else _e(name)
+        cls = {"measured here": "ok", "modeled here": "modeled"}.get(r["status"], "unsupported")
+        body.append(f"<tr><td>{link}</td><td>{_e(r['title'])}</td><td class=\"st-{cls}\">{_e(r['status'])}</td>"
+                    f"<td>{_e(r['detail'])}</td><td>{_e(r.get('when', ''))}</td></tr>")
+    return ("<h2>The paper's figures on this machine</h2><p>As <code>hinabench reproduce</code> planned them.</p>"
+            "<table class=\"plan\"><thead><tr><th>figure</th><th>what</th><th>status</th><th>how, or why not</th>"
+            "<th>rows</th></tr></thead><tbody>" + "".join(body) + "</tbody></table>")
+
+
 def _index_page(figs: dict, drawn: dict, df, machines: list[str], notes: list[str], results: list[str],
-                command: str, out: Path) -> str:
+                command: str, out: Path, plan: list[dict] | None = None) -> str:
     items = []
     for name, title in figs.items():
         states = []
@@ -335,6 +351,7 @@ def _index_page(figs: dict, drawn: dict, df, machines: list[str], notes: list[st
                      f"<td>{'<br>'.join(_e(s) for s in srcs)}</td></tr>")
     body = [f"<p>Made by <code>{_e(command or GENERATOR)}</code> from {len(df)} stored row(s) "
             f"(the latest run of each point per machine); nothing here was measured live.</p>",
+            *([_plan_table(plan, figs)] if plan else []),
             "<h2>Figures</h2><ul class=\"figs\">" + "".join(items) + "</ul>",
             '<p><a href="rows.html">Every row read</a>, as one table.</p>',
             "<h2>Machines</h2><table class=\"machines-table\"><thead><tr><th>machine</th><th>fingerprint</th>"
