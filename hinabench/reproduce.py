@@ -176,8 +176,8 @@ def _fig15(c):
     if c.numa_nodes >= 2 and c.perf[0]:
         return Assessment(MEASURED, "perf's remote-DRAM load counters around each backend's samples",
                           ("fig15",), "fig15")
-    why = (f"one NUMA node: the weights' pages are placed as if interleaved over 2 nodes and the remote "
-           f"share modeled (Section 5's placement model x each backend's work partition)"
+    why = ("one NUMA node: the weights' pages are placed as if interleaved over 2 nodes and the remote "
+           "share modeled (Section 5's placement model x each backend's work partition)"
            if c.numa_nodes < 2 else
            f"perf's DRAM counters do not work here ({c.perf[1] or 'no hardware counters'}): the remote "
            f"share is modeled from the pages' real placement and each backend's work partition")

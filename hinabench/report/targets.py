@@ -67,6 +67,22 @@ def _points(rows: list[dict]) -> list[dict[str, dict]]:
     return list(points.values())
 
 
+def _mine(rows: list[dict], backend: str, out: list[Verdict]):
+    """(rows of the point by backend, `backend`'s row, the verdicts' common fields) at every point where
+    `backend` has an ok row; where its row is not ok, one `n/a` verdict goes to `out` instead."""
+    for by in _points(rows):
+        me = by.get(backend)
+        if me is None:
+            continue
+        base = dict(model=me.get("model"), T=int(float(me["tokens_per_expert"])),
+                    threads=int(float(me["threads"])), numa=me.get("numa") or "default", backend=backend)
+        if me.get("status") != "ok":
+            out.append(Verdict(**base, target="all", want="an ok row", got=str(me.get("status")),
+                               verdict="n/a", why=str(me.get("reason") or "")))
+            continue
+        yield by, me, base
+
+
 def _same_bytes_peers(by: dict, me: dict) -> tuple[list[dict], list[str]]:
     """(validated peer rows reading the same weight bytes as `me`, the peers that did not qualify)."""
     bytes_me = _f(me, "weight_bytes")
@@ -82,17 +98,8 @@ def judge(rows: list[dict], backend: str) -> list[Verdict]:
     if backend.startswith("hina:avx2"):
         return judge_avx2(rows, backend)
     out: list[Verdict] = []
-    for by in _points(rows):
-        me = by.get(backend)
-        if me is None:
-            continue
-        model, T, thr = me.get("model"), int(float(me["tokens_per_expert"])), int(float(me["threads"]))
-        numa = me.get("numa") or "default"
-        base = dict(model=model, T=T, threads=thr, numa=numa, backend=backend)
-        if me.get("status") != "ok":
-            out.append(Verdict(**base, target="all", want="an ok row", got=str(me.get("status")),
-                               verdict="n/a", why=str(me.get("reason") or "")))
-            continue
+    for by, me, base in _mine(rows, backend, out):
+        T = base["T"]
         t_me, mad_me = _f(me, "median_ms"), _f(me, "mad_ms") or 0.0
         eff = _f(me, "efficiency")
         if T <= 4 or T >= 8:
@@ -148,16 +155,8 @@ def _eff_bar_avx2(model: str, T: int) -> float | None:
 def judge_avx2(rows: list[dict], backend: str = "hina:avx2") -> list[Verdict]:
     """The AVX2 path's targets (see the module docstring) at every point where `backend` has a row."""
     out: list[Verdict] = []
-    for by in _points(rows):
-        me = by.get(backend)
-        if me is None:
-            continue
-        model, T, thr = me.get("model"), int(float(me["tokens_per_expert"])), int(float(me["threads"]))
-        base = dict(model=model, T=T, threads=thr, numa=me.get("numa") or "default", backend=backend)
-        if me.get("status") != "ok":
-            out.append(Verdict(**base, target="all", want="an ok row", got=str(me.get("status")),
-                               verdict="n/a", why=str(me.get("reason") or "")))
-            continue
+    for by, me, base in _mine(rows, backend, out):
+        model, T = base["model"], base["T"]
         t_me, mad_me = _f(me, "median_ms"), _f(me, "mad_ms") or 0.0
         bar = _eff_bar_avx2(model, T)
         if bar is not None:
