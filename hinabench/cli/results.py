@@ -7,8 +7,27 @@ from ..errors import UserError
 from . import console, format_option, ints, names
 
 
+class FigureName(click.ParamType):
+    """A name in report.figures.FIGURES (the one list of figures), looked up only when the command runs
+    or its help is shown: the figures module imports torch, the CLI does not."""
+    name = "figure"
+
+    @staticmethod
+    def names() -> list[str]:
+        from ..report.figures import FIGURES
+        return list(FIGURES)
+
+    def get_metavar(self, param, ctx=None):
+        return "[" + "|".join(self.names()) + "]"
+
+    def convert(self, value, param, ctx):
+        if value not in self.names():
+            self.fail(f"unknown figure '{value}'; known: {', '.join(self.names())}", param, ctx)
+        return value
+
+
 @click.command()
-@click.argument("name", type=click.Choice(["fig1", "fig4", "fig10", "fig15"]))
+@click.argument("name", type=FigureName())
 @click.argument("results", nargs=-1, required=True)
 @click.option("--out", "out_dir", default=None, help="Directory for the figure (default: beside the results).")
 def figure(name, results, out_dir):
