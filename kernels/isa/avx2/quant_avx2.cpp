@@ -1,0 +1,333 @@
+// The AVX2 quantized micro-kernels (compiled with -mavx2 -mfma -mf16c; run only after
+// isa_usable("avx2")): INT8 W8A8 group-wise and FP8 e4m3 weight-only, quant.h's contract.
+//
+// INT8 W8A8 (Zen 3 has no VNNI). The product of int8 weights and int8 activations is formed as
+// int16 x int16 -> int32 pair sums with vpmaddwd: the W row's 16 int8 are widened once per chunk
+// (vpmovsxbw, shared by every token of the tile), the token's 16 int8 were widened to int16 in the
+// gather (transformation 1), so per token one vpmaddwd + one vpaddd make 16 multiply-adds. The
+// vpmaddubsw "sign trick" (|x| as u8 times sign(w, x) as s8, then vpmaddwd by ones) costs the same
+// 4 ops per 32 multiply-adds per token (vpsignb, vpmaddubsw, vpmaddwd, vpaddd) and was not built:
+// with symmetric [-127, 127] values both are exact (|pair sum| <= 2 * 127^2 < 2^15). Not measured
+// side by side (time); the widen form has no per-token sign op and needs no u8/s8 split.
+//   Per group of g (32/64/128) along K: int32 accumulators from zero, then one fp32 multiply-add
+//   acc += float(int32) * (s_w[row][group] * s_x[token][group]); the lanes are summed at the end.
+//   Activations are quantized per token and group in the gather (amax, inv = 127/amax, round half
+//   to even: the same steps as hinabench.quant.quantize_act); the SiLU(gate)*up intermediate is
+//   kept in fp32 by gate_up's store and re-quantized per token and group by pack_act for down.
+//
+// FP8 e4m3 weight-only. No FP8 hardware: each 32-byte chunk of a W row is turned into fp32 in
+// registers with integer ops only: in each 32-bit lane (bytes b0..b3), byte b is moved to bits
+// 24..31, shifted arithmetically right by 4 and masked with 0x87F00000 -- sign at bit 31, the four
+// exponent bits at 26..23, the three mantissa bits at 22..20: exactly the e4m3 value times 2^-120
+// (subnormals included); the 2^120 is folded into the block scale. Per 32 weights: 1 load and 11
+// integer ops per row (shared by the tile's tokens), 4 FMAs per token. The token operand is written
+// by the gather in the matching order (per 32: elements 4i, 4i+1, 4i+2, 4i+3 as four vectors).
+// Per 128-element K block: fp32 block accumulators, then acc += block * (scale_inv * 2^120).
+// This is the "unpack once, reuse across the block's tokens" of SGLang's FP8 path done in registers
+// (a W chunk is unpacked once per tile of up to 4 tokens), not through an L1/L2 bf16 buffer.
+//
+// Tiles: R W rows x TT tokens, rows in the outer loop and the tokens' tiles inside, so a task's
+// W rows stream from memory once (R rows' slice stays in L1/L2 across the token tiles).
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdlib>
+
+#include "numeric.h"
+#include "quant.h"
+
+namespace hina {
+namespace {  // internal linkage: see glue.h, LINKAGE
+
+constexpr int kTokTile = 4;   // tokens per tile at most
+
+inline size_t a64(size_t n) { return (n + 63) & ~size_t(63); }
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// A per-thread fp32 buffer (gate and up sums of one task), trivially destructible (glue.h's reason).
+struct TlBuf { float* p; size_t n; };
+thread_local TlBuf tl_c{nullptr, 0};
+float* tl_floats(size_t want) {
+  if (want > tl_c.n) {
+    std::free(tl_c.p);
+    tl_c.p = static_cast<float*>(std::aligned_alloc(64, a64(want * sizeof(float))));
+    if (!tl_c.p) std::abort();
+    tl_c.n = want;
+  }
+  return tl_c.p;
+}
+
+// Stores of transformation 2 (fp32, row-major) and 3 (transpose), c laid out [2][n][M] / [n][M].
+inline void store_act_f32(float* act, int act_K, int n0, int n, int M, const float* g, const float* u) {
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < n; ++j) act[int64_t(m) * act_K + n0 + j] = silu_mul(g[j * M + m], u[j * M + m]);
+}
+inline void store_y(float* y, int64_t ldy, int n0, int n, int M, const float* c) {
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < n; ++j) y[m * ldy + n0 + j] = c[j * M + m];
+}
+
+// ================================ INT8 W8A8 =======================================================
+// Packed operand: int16 q[M][K], then (64-byte aligned) fp32 scale[M][K / group].
+size_t i8_packed_bytes(int M, int K, int group) {
+  return a64(size_t(M) * K * sizeof(int16_t)) + size_t(M) * (K / group) * sizeof(float);
+}
+inline int16_t* i8_q(void* p) { return static_cast<int16_t*>(p); }
+inline float* i8_s(void* p, int M, int K) {
+  return reinterpret_cast<float*>(static_cast<char*>(p) + a64(size_t(M) * K * sizeof(int16_t)));
+}
+
+// One token's K values (fp32) quantized per group: hinabench.quant.quantize_act's steps.
+inline void quantize_row(const float* v, int K, int group, int16_t* q, float* s) {
+  for (int k0 = 0; k0 < K; k0 += group) {
+    float amax = 0.f;
+    for (int k = k0; k < k0 + group; ++k) amax = std::fmax(amax, std::fabs(v[k]));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    for (int k = k0; k < k0 + group; ++k) {
+      float r = std::nearbyint(v[k] * inv);          // round half to even (default MXCSR)
+      r = std::fmin(127.f, std::fmax(-127.f, r));
+      q[k] = int16_t(r);
+    }
+    s[k0 / group] = amax / 127.f;
+  }
+}
+
+thread_local TlBuf tl_row{nullptr, 0};
+void i8_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int group, void* I) {
+  if (K > int(tl_row.n)) {
+    std::free(tl_row.p);
+    tl_row.p = static_cast<float*>(std::aligned_alloc(64, a64(size_t(K) * sizeof(float))));
+    if (!tl_row.p) std::abort();
+    tl_row.n = size_t(K);
+  }
+  float* v = tl_row.p;
+  int16_t* q = i8_q(I);
+  float* s = i8_s(I, M, K);
+  for (int m = 0; m < M; ++m) {
+    const bf16_t* src = x + int64_t(rows[m]) * ldx;
+    for (int k = 0; k < K; ++k) v[k] = bf16_to_f32(src[k]);
+    quantize_row(v, K, group, q + int64_t(m) * K, s + int64_t(m) * (K / group));
+  }
+}
+
+void i8_pack_act(const float* act, int M, int K, int group, void* out) {
+  int16_t* q = i8_q(out);
+  float* s = i8_s(out, M, K);
+  for (int m = 0; m < M; ++m)
+    quantize_row(act + int64_t(m) * K, K, group, q + int64_t(m) * K, s + int64_t(m) * (K / group));
+}
+
+// c[r * ldc + t] = sum_groups s_w[r][grp] * s_x[t][grp] * sum_{k in grp} W_r[k] * X_t[k]
+template <int R, int TT>
+inline void i8_tile(const int8_t* const* w, const float* const* sw, const int16_t* const* x,
+                    const float* const* sx, int K, int group, float* c, int ldc) {
+  __m256 accf[R][TT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) accf[r][t] = _mm256_setzero_ps();
+  for (int k0 = 0, gi = 0; k0 < K; k0 += group, ++gi) {
+    __m256i acc[R][TT];
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      #pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_si256();
+    for (int k = k0; k < k0 + group; k += 16) {
+      __m256i xv[TT];
+      #pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t] + k));
+      #pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r] + k)));
+        #pragma GCC unroll 8
+        for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_add_epi32(acc[r][t], _mm256_madd_epi16(wv, xv[t]));
+      }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const float swr = sw[r][gi];
+      #pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t)
+        accf[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][t]), _mm256_set1_ps(swr * sx[t][gi]), accf[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) c[r * ldc + t] = hsum(accf[r][t]);
+}
+
+// ================================ FP8 e4m3, weight-only ==========================================
+// Packed operand: fp32 [M][K], per 32 elements the four vectors of elements 4i, 4i+1, 4i+2, 4i+3.
+constexpr float kTwo120 = 1.329227995784916e36f;  // 2^120: the e4m3 -> fp32 bit move's factor
+inline int fp8_pos(int k) { return (k & ~31) | ((k & 3) << 3) | ((k & 31) >> 2); }
+
+size_t f8_packed_bytes(int M, int K, int) { return size_t(M) * K * sizeof(float); }
+
+void f8_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int, void* I) {
+  float* d = static_cast<float*>(I);
+  for (int m = 0; m < M; ++m) {
+    const bf16_t* src = x + int64_t(rows[m]) * ldx;
+    for (int k = 0; k < K; ++k) d[int64_t(m) * K + fp8_pos(k)] = bf16_to_f32(src[k]);
+  }
+}
+
+void f8_pack_act(const float* act, int M, int K, int, void* out) {
+  float* d = static_cast<float*>(out);
+  for (int m = 0; m < M; ++m)
+    for (int k = 0; k < K; ++k) d[int64_t(m) * K + fp8_pos(k)] = act[int64_t(m) * K + k];
+}
+
+struct F8W { __m256 v[4]; };
+inline F8W f8_load(const int8_t* p) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i mask = _mm256_set1_epi32(int(0x87F00000u));
+  F8W w;
+  w.v[0] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(b, 24), 4), mask));
+  w.v[1] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(b, 16), 4), mask));
+  w.v[2] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(b, 8), 4), mask));
+  w.v[3] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(b, 4), mask));
+  return w;
+}
+
+// c[r * ldc + t] = sum_blocks s[r][blk] * sum_{k in blk} W_r[k] * X_t[k]   (s already x 2^120)
+template <int R, int TT>
+inline void f8_tile(const int8_t* const* w, const float* const* s, const float* const* x, int K,
+                    float* c, int ldc) {
+  __m256 acc[R][TT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int k0 = 0, bi = 0; k0 < K; k0 += 128, ++bi) {
+    const int k1 = k0 + 128 < K ? k0 + 128 : K;
+    __m256 blk[R][TT];
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      #pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) blk[r][t] = _mm256_setzero_ps();
+    for (int k = k0; k < k1; k += 32) {
+      #pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const F8W wv = f8_load(w[r] + k);
+        #pragma GCC unroll 8
+        for (int t = 0; t < TT; ++t) {
+          const float* xp = x[t] + k;
+          __m256 a = blk[r][t];
+          a = _mm256_fmadd_ps(wv.v[0], _mm256_loadu_ps(xp), a);
+          a = _mm256_fmadd_ps(wv.v[1], _mm256_loadu_ps(xp + 8), a);
+          a = _mm256_fmadd_ps(wv.v[2], _mm256_loadu_ps(xp + 16), a);
+          a = _mm256_fmadd_ps(wv.v[3], _mm256_loadu_ps(xp + 24), a);
+          blk[r][t] = a;
+        }
+      }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 sv = _mm256_set1_ps(s[r][bi]);
+      #pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_fmadd_ps(blk[r][t], sv, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) c[r * ldc + t] = hsum(acc[r][t]);
+}
+
+// ================================ the shared loop: rows x token tiles ============================
+// c[j * M + m] for rows j < n of the matrix (row 0 at w0 + n0 * ldw), all M tokens.
+struct Int8Kn {
+  static constexpr Dtype dtype = Dtype::int8;
+  template <int R, int TT>
+  static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int group,
+                   int t0, float* c, int ldc) {
+    const int16_t* x[TT];
+    const float* sx[TT];
+    const int16_t* q = static_cast<const int16_t*>(I);
+    const float* s = i8_s(const_cast<void*>(I), M, K);
+    for (int t = 0; t < TT; ++t) {
+      x[t] = q + int64_t(t0 + t) * K;
+      sx[t] = s + int64_t(t0 + t) * (K / group);
+    }
+    i8_tile<R, TT>(w, sw, x, sx, K, group, c, ldc);
+  }
+  // the scales of row (n0 + j): int8 one row of K/group
+  static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row) * lds; }
+};
+
+struct Fp8Kn {
+  static constexpr Dtype dtype = Dtype::fp8;
+  template <int R, int TT>
+  static void tile(const int8_t* const* w, const float* const* sw, const void* I, int, int K, int,
+                   int t0, float* c, int ldc) {
+    const float* x[TT];
+    for (int t = 0; t < TT; ++t) x[t] = static_cast<const float*>(I) + int64_t(t0 + t) * K;
+    f8_tile<R, TT>(w, sw, x, K, c, ldc);
+  }
+  static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row / 128) * lds; }
+};
+
+template <class Kn, int R>
+void rows_tokens(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int n0, int n, const void* I,
+                 int M, int K, int group, float* c, float* scaled) {
+  // fp8 scales: x 2^120 per row block (scaled[] holds them per row tile); int8: used as they are
+  for (int r = 0; r + R <= n; r += R) {
+    const int8_t* w[R];
+    const float* sw[R];
+    for (int q = 0; q < R; ++q) {
+      w[q] = w0 + int64_t(n0 + r + q) * ldw;
+      const float* sr = Kn::scale_row(s0, lds, n0 + r + q, group);
+      if constexpr (Kn::dtype == Dtype::fp8) {
+        float* dst = scaled + int64_t(q) * ((K + 127) / 128);
+        for (int b = 0; b < (K + 127) / 128; ++b) dst[b] = sr[b] * kTwo120;
+        sw[q] = dst;
+      } else {
+        sw[q] = sr;
+      }
+    }
+    float* cr = c + int64_t(r) * M;
+    int t = 0;
+    for (; t + kTokTile <= M; t += kTokTile) Kn::template tile<R, kTokTile>(w, sw, I, M, K, group, t, cr + t, M);
+    switch (M - t) {
+      case 3: Kn::template tile<R, 3>(w, sw, I, M, K, group, t, cr + t, M); break;
+      case 2: Kn::template tile<R, 2>(w, sw, I, M, K, group, t, cr + t, M); break;
+      case 1: Kn::template tile<R, 1>(w, sw, I, M, K, group, t, cr + t, M); break;
+      default: break;
+    }
+  }
+}
+
+// One matrix's rows [n0, n0+n) x all tokens into c [n][M]: 4 rows per tile when M == 1 (decode,
+// memory-bound: more rows in flight), else 2 (register budget of the 4-token tiles).
+template <class Kn>
+void mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int n0, int n, const void* I, int M,
+        int K, int group, float* c) {
+  float scaled[4 * 1024];  // fp8: up to 4 rows x 1024 blocks of scales x 2^120 (K <= 131072)
+  if (M == 1) rows_tokens<Kn, 4>(w0, ldw, s0, lds, n0, n, I, M, K, group, c, scaled);
+  else rows_tokens<Kn, 2>(w0, ldw, s0, lds, n0, n, I, M, K, group, c, scaled);
+}
+
+template <class Kn>
+void q_gate_up(const QGateUpTask& t) {
+  float* c = tl_floats(size_t(2) * t.n * t.M);
+  mm<Kn>(t.w_gate, t.ldw_gate, t.s_gate, t.lds_gate, t.n0, t.n, t.I, t.M, t.K, t.group, c);
+  mm<Kn>(t.w_up, t.ldw_up, t.s_up, t.lds_up, t.n0, t.n, t.I, t.M, t.K, t.group, c + int64_t(t.n) * t.M);
+  store_act_f32(t.act, t.act_K, t.n0, t.n, t.M, c, c + int64_t(t.n) * t.M);
+}
+
+template <class Kn>
+void q_down(const QDownTask& t) {
+  float* c = tl_floats(size_t(t.n) * t.M);
+  mm<Kn>(t.w, t.ldw, t.s, t.lds, t.n0, t.n, t.act, t.M, t.K, t.group, c);
+  store_y(t.y, t.ldy, t.n0, t.n, t.M, c);
+}
+
+}  // namespace
+
+const QuantMicroKernel quant_microkernel_avx2_int8{
+    "avx2", Dtype::int8, "avx2", /*task_rows=*/64, i8_packed_bytes, i8_pack_tokens, i8_pack_act,
+    q_gate_up<Int8Kn>, q_down<Int8Kn>};
+const QuantMicroKernel quant_microkernel_avx2_fp8{
+    "avx2", Dtype::fp8, "avx2", /*task_rows=*/64, f8_packed_bytes, f8_pack_tokens, f8_pack_act,
+    q_gate_up<Fp8Kn>, q_down<Fp8Kn>};
+
+}  // namespace hina
