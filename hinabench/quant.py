@@ -71,6 +71,13 @@ class QuantWeight:
         return out if e is None else out[0]
 
 
+def _inv(qmax: float, amax: torch.Tensor) -> torch.Tensor:
+    """qmax / amax, correctly rounded (0 where amax is 0). Not `qmax / amax` with a Python scalar:
+    torch computes scalar / tensor as scalar * reciprocal(tensor), off by an ulp now and then, which
+    moves bf16 activations that land on a .5 tie (x = amax / 2 is common) to the other integer."""
+    return torch.where(amax > 0, torch.full_like(amax, qmax) / amax, torch.zeros_like(amax))
+
+
 def check_group(group: int) -> int:
     g = int(group)
     if g not in INT8_GROUPS:
@@ -101,7 +108,7 @@ def quantize_int8(w: torch.Tensor, group: int = INT8_DEFAULT_GROUP) -> QuantWeig
             wf = w3[e, r0:r1].float().view(r1 - r0, K // g, g)
             amax = wf.abs().amax(dim=2)
             scale[e, r0:r1] = amax / INT8_QMAX
-            inv = torch.where(amax > 0, INT8_QMAX / amax, torch.zeros_like(amax))
+            inv = _inv(INT8_QMAX, amax)
             q[e, r0:r1] = torch.round(wf * inv.unsqueeze(2)).clamp_(-INT8_QMAX, INT8_QMAX).view(r1 - r0, K).to(torch.int8)
     return QuantWeight("int8", q, scale, g)
 
@@ -122,7 +129,7 @@ def quantize_fp8(w: torch.Tensor) -> QuantWeight:
             blocks = wf.view(nbc, B, kb, B)
             amax = blocks.abs().amax(dim=(1, 3))
             scale[e, r0 // B: r0 // B + nbc] = amax / FP8_MAX
-            inv = torch.where(amax > 0, FP8_MAX / amax, torch.zeros_like(amax))
+            inv = _inv(FP8_MAX, amax)
             qb = (blocks * inv[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX)
             q[e, r0:r1] = qb.view(nbc * B, kb * B)[:r1 - r0, :K].to(torch.float8_e4m3fn)
     return QuantWeight("fp8", q, scale, B)
@@ -152,7 +159,7 @@ def quantize_act(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tenso
     T, K = x.shape
     xf = x.float().view(T, K // group, group)
     amax = xf.abs().amax(dim=2)
-    inv = torch.where(amax > 0, INT8_QMAX / amax, torch.zeros_like(amax))
+    inv = _inv(INT8_QMAX, amax)
     q = torch.round(xf * inv.unsqueeze(2)).clamp_(-INT8_QMAX, INT8_QMAX)
     return q.view(T, K).to(torch.int8), amax / INT8_QMAX
 

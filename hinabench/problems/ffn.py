@@ -66,7 +66,7 @@ class FFNProblem(Problem):
             raise UserError("give the number of tokens")
         m = model if isinstance(model, Model) else get_model(model)
         dt = get_dtype(dtype)
-        g = (int(group) if group else dt.default_group) if dt.quantized else 0
+        g = int(group) if group else dt.default_group
         p = cls(m, int(tokens), int(active_experts or m.top_k), dt.name, int(seed), routing, g)
         p.validate()
         return p

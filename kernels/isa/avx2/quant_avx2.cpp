@@ -126,11 +126,11 @@ void i8_pack_act(const float* act, int M, int K, int group, void* out) {
 // c[r * ldc + t] = sum_groups s_w[r][grp] * s_x[t][grp] * sum_{k in grp} W_r[k] * X_t[k]
 template <int R, int TT>
 inline void i8_tile(const int8_t* const* w, const float* const* sw, const int16_t* const* x,
-                    const float* const* sx, int K, int group, float* c, int ldc) {
+                    const float* const* sx, int kb0, int kb1, int group, float* c, int ldc) {
   __m256 accf[R][TT];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < TT; ++t) accf[r][t] = _mm256_setzero_ps();
-  for (int k0 = 0, gi = 0; k0 < K; k0 += group, ++gi) {
+  for (int k0 = kb0, gi = kb0 / group; k0 < kb1; k0 += group, ++gi) {
     __m256i acc[R][TT];
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
@@ -156,7 +156,7 @@ inline void i8_tile(const int8_t* const* w, const float* const* sw, const int16_
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < TT; ++t) c[r * ldc + t] = hsum(accf[r][t]);
+    for (int t = 0; t < TT; ++t) c[r * ldc + t] += hsum(accf[r][t]);
 }
 
 // ================================ FP8 e4m3, weight-only ==========================================
@@ -194,13 +194,13 @@ inline F8W f8_load(const int8_t* p) {
 
 // c[r * ldc + t] = sum_blocks s[r][blk] * sum_{k in blk} W_r[k] * X_t[k]   (s already x 2^120)
 template <int R, int TT>
-inline void f8_tile(const int8_t* const* w, const float* const* s, const float* const* x, int K,
-                    float* c, int ldc) {
+inline void f8_tile(const int8_t* const* w, const float* const* s, const float* const* x, int kb0,
+                    int kb1, float* c, int ldc) {
   __m256 acc[R][TT];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
-  for (int k0 = 0, bi = 0; k0 < K; k0 += 128, ++bi) {
-    const int k1 = k0 + 128 < K ? k0 + 128 : K;
+  for (int k0 = kb0, bi = kb0 / 128; k0 < kb1; k0 += 128, ++bi) {
+    const int k1 = k0 + 128 < kb1 ? k0 + 128 : kb1;
     __m256 blk[R][TT];
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
@@ -230,7 +230,7 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const float* 
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < TT; ++t) c[r * ldc + t] = hsum(acc[r][t]);
+    for (int t = 0; t < TT; ++t) c[r * ldc + t] += hsum(acc[r][t]);
 }
 
 // ================================ the shared loop: rows x token tiles ============================
@@ -239,7 +239,7 @@ struct Int8Kn {
   static constexpr Dtype dtype = Dtype::int8;
   template <int R, int TT>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int group,
-                   int t0, float* c, int ldc) {
+                   int kb0, int kb1, int t0, float* c, int ldc) {
     const int16_t* x[TT];
     const float* sx[TT];
     const int16_t* q = static_cast<const int16_t*>(I);
@@ -248,7 +248,7 @@ struct Int8Kn {
       x[t] = q + int64_t(t0 + t) * K;
       sx[t] = s + int64_t(t0 + t) * (K / group);
     }
-    i8_tile<R, TT>(w, sw, x, sx, K, group, c, ldc);
+    i8_tile<R, TT>(w, sw, x, sx, kb0, kb1, group, c, ldc);
   }
   // the scales of row (n0 + j): int8 one row of K/group
   static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row) * lds; }
@@ -258,52 +258,62 @@ struct Fp8Kn {
   static constexpr Dtype dtype = Dtype::fp8;
   template <int R, int TT>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int, int K, int,
-                   int t0, float* c, int ldc) {
+                   int kb0, int kb1, int t0, float* c, int ldc) {
     const float* x[TT];
     for (int t = 0; t < TT; ++t) x[t] = static_cast<const float*>(I) + int64_t(t0 + t) * K;
-    f8_tile<R, TT>(w, sw, x, K, c, ldc);
+    f8_tile<R, TT>(w, sw, x, kb0, kb1, c, ldc);
   }
   static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row / 128) * lds; }
 };
 
+// Rows [0, n) (row j at w0 + (n0 + j) * ldw) x all M tokens, K in blocks of kb (the tokens' slice
+// of a block stays in L1/L2 while every row tile passes over it; each W byte is read once):
+// c[j * M + m] accumulates, block by block.
 template <class Kn, int R>
 void rows_tokens(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int n0, int n, const void* I,
-                 int M, int K, int group, float* c, float* scaled) {
-  // fp8 scales: x 2^120 per row block (scaled[] holds them per row tile); int8: used as they are
-  for (int r = 0; r + R <= n; r += R) {
-    const int8_t* w[R];
-    const float* sw[R];
-    for (int q = 0; q < R; ++q) {
-      w[q] = w0 + int64_t(n0 + r + q) * ldw;
-      const float* sr = Kn::scale_row(s0, lds, n0 + r + q, group);
-      if constexpr (Kn::dtype == Dtype::fp8) {
-        float* dst = scaled + int64_t(q) * ((K + 127) / 128);
-        for (int b = 0; b < (K + 127) / 128; ++b) dst[b] = sr[b] * kTwo120;
-        sw[q] = dst;
-      } else {
-        sw[q] = sr;
+                 int M, int K, int group, int kb, float* c) {
+  const int nblk = (K + 127) / 128;
+  float scaled[R * 1024];  // fp8: this tile's block scales x 2^120 (K <= 131072)
+  for (int64_t i = 0; i < int64_t(n) * M; ++i) c[i] = 0.f;
+  for (int kb0 = 0; kb0 < K; kb0 += kb) {
+    const int kb1 = kb0 + kb < K ? kb0 + kb : K;
+    for (int r = 0; r + R <= n; r += R) {
+      const int8_t* w[R];
+      const float* sw[R];
+      for (int q = 0; q < R; ++q) {
+        w[q] = w0 + int64_t(n0 + r + q) * ldw;
+        const float* sr = Kn::scale_row(s0, lds, n0 + r + q, group);
+        if constexpr (Kn::dtype == Dtype::fp8) {
+          float* dst = scaled + q * nblk;
+          for (int b = kb0 / 128; b < (kb1 + 127) / 128; ++b) dst[b] = sr[b] * kTwo120;
+          sw[q] = dst;
+        } else {
+          sw[q] = sr;
+        }
       }
-    }
-    float* cr = c + int64_t(r) * M;
-    int t = 0;
-    for (; t + kTokTile <= M; t += kTokTile) Kn::template tile<R, kTokTile>(w, sw, I, M, K, group, t, cr + t, M);
-    switch (M - t) {
-      case 3: Kn::template tile<R, 3>(w, sw, I, M, K, group, t, cr + t, M); break;
-      case 2: Kn::template tile<R, 2>(w, sw, I, M, K, group, t, cr + t, M); break;
-      case 1: Kn::template tile<R, 1>(w, sw, I, M, K, group, t, cr + t, M); break;
-      default: break;
+      float* cr = c + int64_t(r) * M;
+      int t = 0;
+      for (; t + kTokTile <= M; t += kTokTile)
+        Kn::template tile<R, kTokTile>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M);
+      switch (M - t) {
+        case 3: Kn::template tile<R, 3>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M); break;
+        case 2: Kn::template tile<R, 2>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M); break;
+        case 1: Kn::template tile<R, 1>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M); break;
+        default: break;
+      }
     }
   }
 }
 
-// One matrix's rows [n0, n0+n) x all tokens into c [n][M]: 4 rows per tile when M == 1 (decode,
-// memory-bound: more rows in flight), else 2 (register budget of the 4-token tiles).
+// One matrix's rows [n0, n0+n) x all tokens into c [n][M]. Decode (M <= 4, one token tile): the
+// whole K at once, 8 rows per tile for one token (memory-bound: more rows in flight), else 2. More
+// tokens: K blocks of 1024 (a multiple of every group and of fp8's 128), 2 rows x 4 tokens.
 template <class Kn>
 void mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int n0, int n, const void* I, int M,
         int K, int group, float* c) {
-  float scaled[4 * 1024];  // fp8: up to 4 rows x 1024 blocks of scales x 2^120 (K <= 131072)
-  if (M == 1) rows_tokens<Kn, 4>(w0, ldw, s0, lds, n0, n, I, M, K, group, c, scaled);
-  else rows_tokens<Kn, 2>(w0, ldw, s0, lds, n0, n, I, M, K, group, c, scaled);
+  if (M == 1) rows_tokens<Kn, 8>(w0, ldw, s0, lds, n0, n, I, M, K, group, K, c);
+  else if (M <= kTokTile) rows_tokens<Kn, 2>(w0, ldw, s0, lds, n0, n, I, M, K, group, K, c);
+  else rows_tokens<Kn, 2>(w0, ldw, s0, lds, n0, n, I, M, K, group, 1024, c);
 }
 
 template <class Kn>
