@@ -44,8 +44,10 @@ const MicroKernel& find_microkernel(const std::string& isa, Dtype dtype) {
 
 const std::vector<const QuantMicroKernel*>& quant_microkernels() {
   static const std::vector<const QuantMicroKernel*> table{
-#if !defined(HINA_EMU_AMX) && !defined(HINA_EMU_AVX512)
-      &quant_microkernel_avx2_int8, &quant_microkernel_avx2_fp8,
+#if defined(HINA_EMU_AVX512)
+      &quant_microkernel_avx512_int8,
+#elif !defined(HINA_EMU_AMX)
+      &quant_microkernel_avx2_int8, &quant_microkernel_avx2_fp8, &quant_microkernel_avx512_int8,
 #endif
   };
   return table;

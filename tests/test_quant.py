@@ -16,6 +16,10 @@ from hinabench.problems.validate import rel_err
 
 AVX2 = kernels.isa_status("avx2")[0]
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="this CPU lacks AVX2")
+# every quantized micro-kernel this machine can run: the real ones, and the AVX-512 VNNI source on SIMDe
+INT8_ISAS = [i for i in ("avx2", "avx512", "avx512-emulated") if kernels.isa_status(i)[0]]
+FP8_ISAS = [i for i in ("avx2",) if kernels.isa_status(i)[0]]
+ISAS = {"int8": INT8_ISAS, "fp8": FP8_ISAS}
 
 
 def _weights(E, N, K, seed=0):
@@ -87,49 +91,64 @@ def test_act_quantization_matches_its_definition():
 
 
 # ---- kernels against both references ---------------------------------------------------------------
-def _check_kernel(scheme, g, E, H, I, T, k, seed=0, threads=2):
+def _check_kernel(scheme, g, E, H, I, T, k, seed=0, threads=2, isa="avx2"):
     w13, wd = _weights(E, 2 * I, H, seed), _weights(E, H, I, seed + 1)
     x = torch.randn(T, H, generator=torch.Generator().manual_seed(seed + 2)).bfloat16()
     ids, tw = _routing(T, E, k, seed)
     q13, qd = quant.quantize(w13, scheme, g), quant.quantize(wd, scheme, g)
     qref = quant.moe_ffn_quant_reference(x, q13.rows(0, I), q13.rows(I, 2 * I), qd, ids, tw)
     ref = moe_ffn_reference(x, w13[:, :I], w13[:, I:], wd, ids, tw)
-    out = kernels.moe_ffn_quant(x, q13, qd, ids, tw, isa="avx2", threads=threads)
+    out = kernels.moe_ffn_quant(x, q13, qd, ids, tw, isa=isa, threads=threads)
     err, qerr = rel_err(out, qref), rel_err(qref, ref)
     tol = get_dtype(scheme).tolerance
-    assert err <= tol, f"{scheme} g{g} E{E} H{H} I{I} T{T}: rel_err {err:.3g} against the quantized reference"
+    assert err <= tol, f"{isa} {scheme} g{g} E{E} H{H} I{I} T{T}: rel_err {err:.3g} against the quantized reference"
     # the scheme's own error is larger than the kernel's, and bounded (it is the scheme, not a bug)
     assert qerr < (0.04 if scheme == "int8" else 0.08)
     return err, qerr
 
 
-@needs_avx2
+@pytest.mark.parametrize("isa", sorted(set(INT8_ISAS + FP8_ISAS)))
 @pytest.mark.parametrize("scheme,g", [("int8", 32), ("int8", 64), ("int8", 128), ("fp8", 128)])
 @pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 9, 17])
-def test_quant_kernel_matches_the_quantized_reference(scheme, g, T):
-    _check_kernel(scheme, g, E=4, H=256, I=384, T=T, k=2)
+def test_quant_kernel_matches_the_quantized_reference(isa, scheme, g, T):
+    if isa not in ISAS[scheme]:
+        pytest.skip(f"no {scheme} micro-kernel for {isa}")
+    _check_kernel(scheme, g, E=4, H=256, I=384, T=T, k=2, isa=isa)
+
+
+def test_the_emulated_vnni_kernel_is_built():
+    """The AVX-512 VNNI INT8 source runs here through SIMDe (when the emulated module was built)."""
+    if kernels.isa_status("avx512-emulated")[0]:
+        assert "avx512-emulated" in INT8_ISAS
 
 
 @needs_avx2
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scheme=st.sampled_from(["int8", "fp8"]), g=st.sampled_from([32, 64, 128]),
        h=st.integers(1, 12), i=st.integers(1, 12), T=st.integers(1, 20), E=st.integers(1, 5),
-       threads=st.integers(1, 3), seed=st.integers(0, 1000))
-def test_quant_kernel_random_shapes(scheme, g, h, i, T, E, threads, seed):
+       threads=st.integers(1, 3), seed=st.integers(0, 1000), which=st.integers(0, 7))
+def test_quant_kernel_random_shapes(scheme, g, h, i, T, E, threads, seed, which):
     if scheme == "fp8":
         g = 128
+    isas = ISAS[scheme]
+    isa = isas[which % len(isas)]
     H, I = h * 128, i * 128
-    _check_kernel(scheme, g, E=E, H=H, I=I, T=T, k=min(E, 2), seed=seed, threads=threads)
+    if isa.endswith("-emulated"):   # SIMDe is slow: keep the emulated shapes small
+        H, I = min(H, 512), min(I, 512)
+    _check_kernel(scheme, g, E=E, H=H, I=I, T=T, k=min(E, 2), seed=seed, threads=threads, isa=isa)
 
 
-@needs_avx2
-@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "mixtral-8x7b"])
-@pytest.mark.parametrize("dtype", ["int8", "fp8"])
-def test_quant_kernel_on_registry_shapes(model, dtype):
+@pytest.mark.parametrize("model,dtype,isa", [
+    ("qwen3-30b-a3b", "int8", "avx2"), ("mixtral-8x7b", "int8", "avx2"),
+    ("qwen3-30b-a3b", "fp8", "avx2"), ("mixtral-8x7b", "fp8", "avx2"),
+    ("qwen3-30b-a3b", "int8", "avx512-emulated")])
+def test_quant_kernel_on_registry_shapes(model, dtype, isa):
     """The registry's expert shapes, through the problem (materialize quantizes as the framework would)."""
+    if not kernels.isa_status(isa)[0]:
+        pytest.skip(f"{isa} cannot run here")
     p = FFNProblem.create(model, 3, active_experts=1, dtype=dtype)
     d = p.materialize(rotate=False)
-    out = kernels.moe_ffn_quant(d.x, d.q13, d.qdown, d.topk_ids[0], d.topk_weights, isa="avx2", threads=2)
+    out = kernels.moe_ffn_quant(d.x, d.q13, d.qdown, d.topk_ids[0], d.topk_weights, isa=isa, threads=2)
     assert rel_err(out, d.reference(0)) <= p.tolerance
     assert 0 < d.quant_err(0) < 0.08
 
@@ -216,3 +235,28 @@ def test_ffn_command_int8_fp8_rows(tmp_path):
     # bytes judged on weights + scales (int8 at g 64: 1 + 4/64 bytes per weight)
     p = FFNProblem.create("qwen3-30b-a3b", 1, dtype="int8", group=64)
     assert int(by[("hina:avx2", "int8", "1")]["weight_bytes"]) == p.weight_bytes
+    # Figure 11 from those rows: no kt row, so over the best validated peer, named in the caption
+    r = invoke("figure", "fig11", str(out), "--out", str(tmp_path / "fig"))
+    assert r.exit_code == 0, r.output
+    caption = (tmp_path / "fig" / "fig11.txt").read_text()
+    assert "no KTransformers int8 row ran here" in caption and "torch:dequant" in caption
+    assert (tmp_path / "fig" / "fig11.png").stat().st_size > 0
+
+
+def test_fig11_prefers_kt_and_never_ranks_wrong_rows():
+    import pandas as pd
+    from hinabench.report.figures import fig11_speedups
+    rows = [
+        dict(model="m", tokens_per_expert=1, dtype="int8", backend="hina:avx2", status="ok", median_ms=10.0),
+        dict(model="m", tokens_per_expert=1, dtype="int8", backend="torch:dequant", status="ok", median_ms=15.0),
+        dict(model="m", tokens_per_expert=1, dtype="int8", backend="kt:int8", status="ok", median_ms=30.0),
+        dict(model="m", tokens_per_expert=1, dtype="int8", backend="vllm:x", status="wrong", median_ms=1.0),
+        dict(model="m", tokens_per_expert=1, dtype="fp8", backend="hina:avx2", status="ok", median_ms=10.0),
+        dict(model="m", tokens_per_expert=1, dtype="fp8", backend="vllm:x", status="wrong", median_ms=1.0),
+        dict(model="m", tokens_per_expert=1, dtype="fp8", backend="torch:dequant", status="ok", median_ms=40.0),
+    ]
+    sp = fig11_speedups(pd.DataFrame(rows))
+    note, pts = sp["int8"]
+    assert "over KTransformers (kt:int8)" in note and pts[0][3] == "kt:int8" and pts[0][4] == 3.0
+    note, pts = sp["fp8"]
+    assert "best validated fp8 peer" in note and pts[0][3] == "torch:dequant" and pts[0][4] == 4.0

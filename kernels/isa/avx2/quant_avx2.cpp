@@ -30,18 +30,10 @@
 // W rows stream from memory once (R rows' slice stays in L1/L2 across the token tiles).
 #include <immintrin.h>
 
-#include <cmath>
-#include <cstdlib>
-
-#include "numeric.h"
-#include "quant.h"
+#include "quant_glue.h"
 
 namespace hina {
 namespace {  // internal linkage: see glue.h, LINKAGE
-
-constexpr int kTokTile = 4;   // tokens per tile at most
-
-inline size_t a64(size_t n) { return (n + 63) & ~size_t(63); }
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -50,80 +42,7 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// A per-thread fp32 buffer (gate and up sums of one task), trivially destructible (glue.h's reason).
-struct TlBuf { float* p; size_t n; };
-thread_local TlBuf tl_c{nullptr, 0};
-float* tl_floats(size_t want) {
-  if (want > tl_c.n) {
-    std::free(tl_c.p);
-    tl_c.p = static_cast<float*>(std::aligned_alloc(64, a64(want * sizeof(float))));
-    if (!tl_c.p) std::abort();
-    tl_c.n = want;
-  }
-  return tl_c.p;
-}
-
-// Stores of transformation 2 (fp32, row-major) and 3 (transpose), c laid out [2][n][M] / [n][M].
-inline void store_act_f32(float* act, int act_K, int n0, int n, int M, const float* g, const float* u) {
-  for (int m = 0; m < M; ++m)
-    for (int j = 0; j < n; ++j) act[int64_t(m) * act_K + n0 + j] = silu_mul(g[j * M + m], u[j * M + m]);
-}
-inline void store_y(float* y, int64_t ldy, int n0, int n, int M, const float* c) {
-  for (int m = 0; m < M; ++m)
-    for (int j = 0; j < n; ++j) y[m * ldy + n0 + j] = c[j * M + m];
-}
-
-// ================================ INT8 W8A8 =======================================================
-// Packed operand: int16 q[M][K], then (64-byte aligned) fp32 scale[M][K / group].
-size_t i8_packed_bytes(int M, int K, int group) {
-  return a64(size_t(M) * K * sizeof(int16_t)) + size_t(M) * (K / group) * sizeof(float);
-}
-inline int16_t* i8_q(void* p) { return static_cast<int16_t*>(p); }
-inline float* i8_s(void* p, int M, int K) {
-  return reinterpret_cast<float*>(static_cast<char*>(p) + a64(size_t(M) * K * sizeof(int16_t)));
-}
-
-// One token's K values (fp32) quantized per group: hinabench.quant.quantize_act's steps.
-inline void quantize_row(const float* v, int K, int group, int16_t* q, float* s) {
-  for (int k0 = 0; k0 < K; k0 += group) {
-    float amax = 0.f;
-    for (int k = k0; k < k0 + group; ++k) amax = std::fmax(amax, std::fabs(v[k]));
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    for (int k = k0; k < k0 + group; ++k) {
-      float r = std::nearbyint(v[k] * inv);          // round half to even (default MXCSR)
-      r = std::fmin(127.f, std::fmax(-127.f, r));
-      q[k] = int16_t(r);
-    }
-    s[k0 / group] = amax / 127.f;
-  }
-}
-
-thread_local TlBuf tl_row{nullptr, 0};
-void i8_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int group, void* I) {
-  if (K > int(tl_row.n)) {
-    std::free(tl_row.p);
-    tl_row.p = static_cast<float*>(std::aligned_alloc(64, a64(size_t(K) * sizeof(float))));
-    if (!tl_row.p) std::abort();
-    tl_row.n = size_t(K);
-  }
-  float* v = tl_row.p;
-  int16_t* q = i8_q(I);
-  float* s = i8_s(I, M, K);
-  for (int m = 0; m < M; ++m) {
-    const bf16_t* src = x + int64_t(rows[m]) * ldx;
-    for (int k = 0; k < K; ++k) v[k] = bf16_to_f32(src[k]);
-    quantize_row(v, K, group, q + int64_t(m) * K, s + int64_t(m) * (K / group));
-  }
-}
-
-void i8_pack_act(const float* act, int M, int K, int group, void* out) {
-  int16_t* q = i8_q(out);
-  float* s = i8_s(out, M, K);
-  for (int m = 0; m < M; ++m)
-    quantize_row(act + int64_t(m) * K, K, group, q + int64_t(m) * K, s + int64_t(m) * (K / group));
-}
-
-// c[r * ldc + t] = sum_groups s_w[r][grp] * s_x[t][grp] * sum_{k in grp} W_r[k] * X_t[k]
+// ================================ INT8 W8A8: the tile ============================================
 template <int R, int TT>
 inline void i8_tile(const int8_t* const* w, const float* const* sw, const int16_t* const* x,
                     const float* const* sx, int kb0, int kb1, int group, float* c, int ldc) {
@@ -159,27 +78,7 @@ inline void i8_tile(const int8_t* const* w, const float* const* sw, const int16_
     for (int t = 0; t < TT; ++t) c[r * ldc + t] += hsum(accf[r][t]);
 }
 
-// ================================ FP8 e4m3, weight-only ==========================================
-// Packed operand: fp32 [M][K], per 32 elements the four vectors of elements 4i, 4i+1, 4i+2, 4i+3.
-constexpr float kTwo120 = 1.329227995784916e36f;  // 2^120: the e4m3 -> fp32 bit move's factor
-inline int fp8_pos(int k) { return (k & ~31) | ((k & 3) << 3) | ((k & 31) >> 2); }
-
-size_t f8_packed_bytes(int M, int K, int) { return size_t(M) * K * sizeof(float); }
-
-void f8_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int, void* I) {
-  float* d = static_cast<float*>(I);
-  for (int m = 0; m < M; ++m) {
-    const bf16_t* src = x + int64_t(rows[m]) * ldx;
-    for (int k = 0; k < K; ++k) d[int64_t(m) * K + fp8_pos(k)] = bf16_to_f32(src[k]);
-  }
-}
-
-void f8_pack_act(const float* act, int M, int K, int, void* out) {
-  float* d = static_cast<float*>(out);
-  for (int m = 0; m < M; ++m)
-    for (int k = 0; k < K; ++k) d[int64_t(m) * K + fp8_pos(k)] = act[int64_t(m) * K + k];
-}
-
+// ================================ FP8 e4m3: the tile =============================================
 struct F8W { __m256 v[4]; };
 inline F8W f8_load(const int8_t* p) {
   const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -233,17 +132,17 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const float* 
     for (int t = 0; t < TT; ++t) c[r * ldc + t] += hsum(acc[r][t]);
 }
 
-// ================================ the shared loop: rows x token tiles ============================
-// c[j * M + m] for rows j < n of the matrix (row 0 at w0 + n0 * ldw), all M tokens.
+// ================================ the kernel structs (quant_glue.h) ==============================
 struct Int8Kn {
   static constexpr Dtype dtype = Dtype::int8;
+  static constexpr int kRowsOne = 8, kRows = 2;
   template <int R, int TT>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int group,
                    int kb0, int kb1, int t0, float* c, int ldc) {
     const int16_t* x[TT];
     const float* sx[TT];
     const int16_t* q = static_cast<const int16_t*>(I);
-    const float* s = i8_s(const_cast<void*>(I), M, K);
+    const float* s = i8_s<int16_t>(I, M, K);
     for (int t = 0; t < TT; ++t) {
       x[t] = q + int64_t(t0 + t) * K;
       sx[t] = s + int64_t(t0 + t) * (K / group);
@@ -256,6 +155,7 @@ struct Int8Kn {
 
 struct Fp8Kn {
   static constexpr Dtype dtype = Dtype::fp8;
+  static constexpr int kRowsOne = 8, kRows = 2;
   template <int R, int TT>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int, int K, int,
                    int kb0, int kb1, int t0, float* c, int ldc) {
@@ -269,72 +169,11 @@ struct Fp8Kn {
 // Rows [0, n) (row j at w0 + (n0 + j) * ldw) x all M tokens, K in blocks of kb (the tokens' slice
 // of a block stays in L1/L2 while every row tile passes over it; each W byte is read once):
 // c[j * M + m] accumulates, block by block.
-template <class Kn, int R>
-void rows_tokens(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int n0, int n, const void* I,
-                 int M, int K, int group, int kb, float* c) {
-  const int nblk = (K + 127) / 128;
-  float scaled[R * 1024];  // fp8: this tile's block scales x 2^120 (K <= 131072)
-  for (int64_t i = 0; i < int64_t(n) * M; ++i) c[i] = 0.f;
-  for (int kb0 = 0; kb0 < K; kb0 += kb) {
-    const int kb1 = kb0 + kb < K ? kb0 + kb : K;
-    for (int r = 0; r + R <= n; r += R) {
-      const int8_t* w[R];
-      const float* sw[R];
-      for (int q = 0; q < R; ++q) {
-        w[q] = w0 + int64_t(n0 + r + q) * ldw;
-        const float* sr = Kn::scale_row(s0, lds, n0 + r + q, group);
-        if constexpr (Kn::dtype == Dtype::fp8) {
-          float* dst = scaled + q * nblk;
-          for (int b = kb0 / 128; b < (kb1 + 127) / 128; ++b) dst[b] = sr[b] * kTwo120;
-          sw[q] = dst;
-        } else {
-          sw[q] = sr;
-        }
-      }
-      float* cr = c + int64_t(r) * M;
-      int t = 0;
-      for (; t + kTokTile <= M; t += kTokTile)
-        Kn::template tile<R, kTokTile>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M);
-      switch (M - t) {
-        case 3: Kn::template tile<R, 3>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M); break;
-        case 2: Kn::template tile<R, 2>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M); break;
-        case 1: Kn::template tile<R, 1>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M); break;
-        default: break;
-      }
-    }
-  }
-}
-
-// One matrix's rows [n0, n0+n) x all tokens into c [n][M]. Decode (M <= 4, one token tile): the
-// whole K at once, 8 rows per tile for one token (memory-bound: more rows in flight), else 2. More
-// tokens: K blocks of 1024 (a multiple of every group and of fp8's 128), 2 rows x 4 tokens.
-template <class Kn>
-void mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int n0, int n, const void* I, int M,
-        int K, int group, float* c) {
-  if (M == 1) rows_tokens<Kn, 8>(w0, ldw, s0, lds, n0, n, I, M, K, group, K, c);
-  else if (M <= kTokTile) rows_tokens<Kn, 2>(w0, ldw, s0, lds, n0, n, I, M, K, group, K, c);
-  else rows_tokens<Kn, 2>(w0, ldw, s0, lds, n0, n, I, M, K, group, 1024, c);
-}
-
-template <class Kn>
-void q_gate_up(const QGateUpTask& t) {
-  float* c = tl_floats(size_t(2) * t.n * t.M);
-  mm<Kn>(t.w_gate, t.ldw_gate, t.s_gate, t.lds_gate, t.n0, t.n, t.I, t.M, t.K, t.group, c);
-  mm<Kn>(t.w_up, t.ldw_up, t.s_up, t.lds_up, t.n0, t.n, t.I, t.M, t.K, t.group, c + int64_t(t.n) * t.M);
-  store_act_f32(t.act, t.act_K, t.n0, t.n, t.M, c, c + int64_t(t.n) * t.M);
-}
-
-template <class Kn>
-void q_down(const QDownTask& t) {
-  float* c = tl_floats(size_t(t.n) * t.M);
-  mm<Kn>(t.w, t.ldw, t.s, t.lds, t.n0, t.n, t.act, t.M, t.K, t.group, c);
-  store_y(t.y, t.ldy, t.n0, t.n, t.M, c);
-}
-
 }  // namespace
 
 const QuantMicroKernel quant_microkernel_avx2_int8{
-    "avx2", Dtype::int8, "avx2", /*task_rows=*/64, i8_packed_bytes, i8_pack_tokens, i8_pack_act,
+    "avx2", Dtype::int8, "avx2", /*task_rows=*/64, i8_packed_bytes<int16_t>,
+    i8_pack_tokens<int16_t, 0>, i8_pack_act<int16_t, 0>,
     q_gate_up<Int8Kn>, q_down<Int8Kn>};
 const QuantMicroKernel quant_microkernel_avx2_fp8{
     "avx2", Dtype::fp8, "avx2", /*task_rows=*/64, f8_packed_bytes, f8_pack_tokens, f8_pack_act,
