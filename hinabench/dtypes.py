@@ -55,7 +55,7 @@ DTYPES: dict[str, DType] = {d.name: d for d in [
     # matches up to fp32 order and the output's bf16 rounding (~0.15-0.2%; 5e-3 still flags a kernel that
     # skipped the activation quantization, ~1.5% off); the scheme's own error
     # against the BF16 reference is its own column, quant_err, and judges nothing.
-    DType("int8", torch.int8, 1.0, "row-group", 5e-3, ("avx512", "avx2"),
+    DType("int8", torch.int8, 1.0, "row-group", 5e-3, ("amx", "avx512", "avx2"),
           "W8A8 group-wise symmetric int8: weights int8 + fp32 scale per (row, group of g along K); "
           "activations quantized per token and group at run time; int32 accumulation per group",
           scale_dtype="float32", default_group=128),

@@ -46,8 +46,11 @@ const std::vector<const QuantMicroKernel*>& quant_microkernels() {
   static const std::vector<const QuantMicroKernel*> table{
 #if defined(HINA_EMU_AVX512)
       &quant_microkernel_avx512_int8,
-#elif !defined(HINA_EMU_AMX)
+#elif defined(HINA_EMU_AMX)
+      &quant_microkernel_amx_int8,
+#else
       &quant_microkernel_avx2_int8, &quant_microkernel_avx2_fp8, &quant_microkernel_avx512_int8,
+      &quant_microkernel_amx_int8,
 #endif
   };
   return table;

@@ -65,14 +65,17 @@ struct QuantMicroKernel {
   void (*down)(const QDownTask& t);
 };
 
-// INT8: AVX2 (vpmaddwd), AVX-512 VNNI (vpdpbusd; also built on SIMDe as "avx512-emulated"); FP8: AVX2.
-// Not built yet: AMX-INT8 (tdpbssd) and an AVX-512 FP8 kernel.
+// INT8: AVX2 (vpmaddwd), AVX-512 VNNI (vpdpbusd; also built on SIMDe as "avx512-emulated"), AMX
+// (tdpbssd; also built on the tile emulator as "amx-emulated"); FP8: AVX2. Not built: AVX-512 FP8.
 #if defined(HINA_EMU_AVX512)
 extern const QuantMicroKernel quant_microkernel_avx512_int8;
-#elif !defined(HINA_EMU_AMX)
+#elif defined(HINA_EMU_AMX)
+extern const QuantMicroKernel quant_microkernel_amx_int8;
+#else
 extern const QuantMicroKernel quant_microkernel_avx2_int8;
 extern const QuantMicroKernel quant_microkernel_avx2_fp8;
 extern const QuantMicroKernel quant_microkernel_avx512_int8;
+extern const QuantMicroKernel quant_microkernel_amx_int8;
 #endif
 
 const std::vector<const QuantMicroKernel*>& quant_microkernels();

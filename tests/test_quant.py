@@ -17,7 +17,7 @@ from hinabench.problems.validate import rel_err
 AVX2 = kernels.isa_status("avx2")[0]
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="this CPU lacks AVX2")
 # every quantized micro-kernel this machine can run: the real ones, and the AVX-512 VNNI source on SIMDe
-INT8_ISAS = [i for i in ("avx2", "avx512", "avx512-emulated") if kernels.isa_status(i)[0]]
+INT8_ISAS = [i for i in ("avx2", "avx512", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
 FP8_ISAS = [i for i in ("avx2",) if kernels.isa_status(i)[0]]
 ISAS = {"int8": INT8_ISAS, "fp8": FP8_ISAS}
 
@@ -116,10 +116,12 @@ def test_quant_kernel_matches_the_quantized_reference(isa, scheme, g, T):
     _check_kernel(scheme, g, E=4, H=256, I=384, T=T, k=2, isa=isa)
 
 
-def test_the_emulated_vnni_kernel_is_built():
-    """The AVX-512 VNNI INT8 source runs here through SIMDe (when the emulated module was built)."""
-    if kernels.isa_status("avx512-emulated")[0]:
-        assert "avx512-emulated" in INT8_ISAS
+def test_the_emulated_int8_kernels_are_built():
+    """The AVX-512 VNNI and AMX-INT8 sources run here through SIMDe / the tile emulator (when the
+    emulated modules were built)."""
+    for isa in ("avx512-emulated", "amx-emulated"):
+        if kernels.isa_status(isa)[0]:
+            _check_kernel("int8", 32, E=2, H=128, I=128, T=3, k=2, isa=isa)
 
 
 @needs_avx2
@@ -133,7 +135,7 @@ def test_quant_kernel_random_shapes(scheme, g, h, i, T, E, threads, seed, which)
     isas = ISAS[scheme]
     isa = isas[which % len(isas)]
     H, I = h * 128, i * 128
-    if isa.endswith("-emulated"):   # SIMDe is slow: keep the emulated shapes small
+    if isa.endswith("-emulated"):   # SIMDe and the tile emulator are slow: keep the emulated shapes small
         H, I = min(H, 512), min(I, 512)
     _check_kernel(scheme, g, E=E, H=H, I=I, T=T, k=min(E, 2), seed=seed, threads=threads, isa=isa)
 
@@ -141,7 +143,7 @@ def test_quant_kernel_random_shapes(scheme, g, h, i, T, E, threads, seed, which)
 @pytest.mark.parametrize("model,dtype,isa", [
     ("qwen3-30b-a3b", "int8", "avx2"), ("mixtral-8x7b", "int8", "avx2"),
     ("qwen3-30b-a3b", "fp8", "avx2"), ("mixtral-8x7b", "fp8", "avx2"),
-    ("qwen3-30b-a3b", "int8", "avx512-emulated")])
+    ("qwen3-30b-a3b", "int8", "avx512-emulated"), ("qwen3-30b-a3b", "int8", "amx-emulated")])
 def test_quant_kernel_on_registry_shapes(model, dtype, isa):
     """The registry's expert shapes, through the problem (materialize quantizes as the framework would)."""
     if not kernels.isa_status(isa)[0]:
@@ -260,3 +262,20 @@ def test_fig11_prefers_kt_and_never_ranks_wrong_rows():
     assert "over KTransformers (kt:int8)" in note and pts[0][3] == "kt:int8" and pts[0][4] == 3.0
     note, pts = sp["fp8"]
     assert "best validated fp8 peer" in note and pts[0][3] == "torch:dequant" and pts[0][4] == 4.0
+
+
+def test_quant_targets_are_judged_and_missing_comparisons_are_na():
+    from hinabench.report.targets import judge_quant
+
+    def r(dt, b, T, ms, status="ok", eff=None, mad=0.1):
+        return dict(op="ffn", model="m", dtype=dt, backend=b, tokens_per_expert=T, threads=2, status=status,
+                    median_ms=ms, mad_ms=mad, efficiency=eff, roofline_ms=1.0, bound="memory")
+    rows = [r("bf16", "hina:avx2", 1, 20.0, eff=0.9), r("int8", "hina:avx2", 1, 10.0, eff=0.9),
+            r("fp8", "hina:avx2", 1, 12.0, eff=0.8), r("int8", "hina:avx2", 8, 30.0, eff=0.5),
+            r("int8", "torch:dequant", 8, 300.0), r("int8", "llamacpp:q8_0", 8, 1.0, status="unavailable")]
+    v = {(x.T, x.target): x for x in judge_quant(rows, "hina:avx2")}
+    assert v[(1, "int8 efficiency")].verdict == "pass"
+    assert v[(1, "int8 vs bf16")].verdict == "pass" and v[(1, "int8 vs bf16")].got == "2.00x"
+    assert v[(1, "fp8 vs int8")].verdict == "fail"               # 10/12 = 0.83x < 0.9x
+    assert v[(8, "int8 peers")].verdict == "pass"
+    assert v[(8, "vs q8_0")].verdict == "n/a" and v[(1, "vs q8_0")].verdict == "n/a"

@@ -32,8 +32,28 @@
 
 #include "quant_glue.h"
 
+#ifndef HINA_QUANT_DEFAULT_PREFETCH
+#define HINA_QUANT_DEFAULT_PREFETCH 0
+#endif
+
 namespace hina {
 namespace {  // internal linkage: see glue.h, LINKAGE
+
+constexpr int kDefaultPrefetch = HINA_QUANT_DEFAULT_PREFETCH;
+
+// Software prefetch distance along a W row, bytes (0: none): HINA_QUANT_PREFETCH, read once. Each
+// group (int8) / block (fp8) start prefetches its bytes `distance` ahead in every row of the tile.
+int prefetch_distance() {
+  static const int d = [] {
+    const char* e = std::getenv("HINA_QUANT_PREFETCH");
+    return e ? std::atoi(e) : kDefaultPrefetch;
+  }();
+  return d;
+}
+inline void prefetch_rows(const int8_t* const* w, int R, int k, int bytes, int dist) {
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(w[r] + k + dist + b), _MM_HINT_T0);
+}
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -49,7 +69,9 @@ inline void i8_tile(const int8_t* const* w, const float* const* sw, const int16_
   __m256 accf[R][TT];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < TT; ++t) accf[r][t] = _mm256_setzero_ps();
+  const int pf = prefetch_distance();
   for (int k0 = kb0, gi = kb0 / group; k0 < kb1; k0 += group, ++gi) {
+    if (pf) prefetch_rows(w, R, k0, group, pf);
     __m256i acc[R][TT];
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
@@ -98,8 +120,10 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const float* 
   __m256 acc[R][TT];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
+  const int pf = prefetch_distance();
   for (int k0 = kb0, bi = kb0 / 128; k0 < kb1; k0 += 128, ++bi) {
     const int k1 = k0 + 128 < kb1 ? k0 + 128 : kb1;
+    if (pf) prefetch_rows(w, R, k0, k1 - k0, pf);
     __m256 blk[R][TT];
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
