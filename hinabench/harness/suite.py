@@ -208,14 +208,20 @@ def plan_sweep(sweep: Sweep) -> tuple[list[Point], list[str]]:
     points = sweep.points(threads)
     names = backend_registry.resolve(sweep.backends, op=sweep.op)
     explicit = sweep.backends.strip() not in ("", "all")
+    named = {b.strip() for b in sweep.backends.split(",")} if explicit else set()
+    kept = []
     for n in names:
         cls = backend_registry.get(n)
-        # a backend named explicitly must have a path for one of the sweep's dtypes at least; for the
-        # others (--dtype bf16,int8,fp8) its rows say `unsupported` with the reason
+        # a backend named explicitly must have a path for one of the sweep's dtypes at least (for the
+        # others, --dtype bf16,int8,fp8, its rows say `unsupported` with the reason); a member of a
+        # named family (torch -> torch:dequant) without any is left out
         if explicit and not any(dt in cls.dtypes for dt in sweep.dtypes):
-            dts = ", ".join(sweep.dtypes)
-            raise UserError(f"backend {n} has no {dts} path (it has: {', '.join(cls.dtypes)})")
-    return points, names
+            if n in named:
+                dts = ", ".join(sweep.dtypes)
+                raise UserError(f"backend {n} has no {dts} path (it has: {', '.join(cls.dtypes)})")
+            continue
+        kept.append(n)
+    return points, kept
 
 
 def run_config(sweep: Sweep, command: str = "", run_id: str = ""):
