@@ -132,7 +132,9 @@ def _check_weight(name: str, w: torch.Tensor, shape: tuple[int, int, int]) -> No
     if not (w.device.type == "cpu"):
         raise ValueError(f"{name} must be on the CPU (got {w.device})")
     if not (w.dtype == torch.bfloat16):
-        raise ValueError(f"{name} must be bfloat16 (got {w.dtype})")
+        hint = (": quantized weights go through moe_ffn_quant with their scales (hinabench.quant)"
+                if w.dtype in (torch.int8, torch.float8_e4m3fn) else "")
+        raise ValueError(f"{name} must be bfloat16 (got {w.dtype}){hint}")
     if not (tuple(w.shape) == shape):
         raise ValueError(f"{name} has shape {tuple(w.shape)}, expected {shape}")
     if not (w.stride(2) == 1 or w.shape[2] == 1):
@@ -250,6 +252,121 @@ def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | N
     call.numa_nodes, call.node_cpus = nodes, cpus
     call.mat_plan, call.plan_hdr = mat_plan.data_ptr(), hdr.data_ptr()
     call.seg_off, call.segs = seg_off.data_ptr(), segs.data_ptr()
+    mod.moe_ffn(call)
+    return out
+
+
+_QUANT_CODES = {"int8": 1, "fp8": 2}
+_QUANT_TORCH = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
+
+
+def _check_quant(name: str, w, scheme: str, shape: tuple[int, int, int], group: int) -> None:
+    """A QuantWeight of `scheme`, shape `shape`, with scales in the scheme's layout (hinabench.quant)."""
+    from .quant import FP8_BLOCK, INT8_GROUPS, QuantWeight
+    if not isinstance(w, QuantWeight):
+        got = f"a {w.dtype} tensor" if isinstance(w, torch.Tensor) else type(w).__name__
+        raise ValueError(f"{name} must be a hinabench.quant.QuantWeight (quantized weights and their "
+                         f"scales; got {got}): quantize with hinabench.quant.quantize")
+    if w.scheme != scheme:
+        raise ValueError(f"{name} is {w.scheme}, but this call is {scheme}")
+    q, s = w.q, w.scale
+    if not (isinstance(q, torch.Tensor) and q.device.type == "cpu" and q.dtype == _QUANT_TORCH[scheme]):
+        raise ValueError(f"{name}: {scheme} weights must be a {_QUANT_TORCH[scheme]} CPU tensor (got "
+                         f"{getattr(q, 'dtype', type(q))}); bf16 weights go through moe_ffn")
+    if tuple(q.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(q.shape)}, expected {shape}")
+    if not (q.stride(2) == 1 and q.stride(0) >= 0 and q.stride(1) >= 0):
+        raise ValueError(f"{name} rows must be contiguous along K (stride {q.stride()}); the kernel reads "
+                         "weights in place and never copies them")
+    E, N, K = shape
+    if scheme == "int8":
+        if group not in INT8_GROUPS:
+            raise ValueError(f"{name}: int8 group size must be one of {INT8_GROUPS} (got {group})")
+        want = (E, N, K // group)
+    else:
+        if group != FP8_BLOCK:
+            raise ValueError(f"{name}: fp8 scales are {FP8_BLOCK}x{FP8_BLOCK} blocks (got group {group})")
+        want = (E, -(-N // FP8_BLOCK), -(-K // FP8_BLOCK))
+    if not (isinstance(s, torch.Tensor) and s.dtype == torch.float32 and s.device.type == "cpu"):
+        raise ValueError(f"{name}: scales must be a float32 CPU tensor (got {getattr(s, 'dtype', type(s))})")
+    if tuple(s.shape) != want:
+        raise ValueError(f"{name}: scales have shape {tuple(s.shape)}, but {scheme} weights {shape} with "
+                         f"group {group} need {want}")
+    if not (s.stride(2) == 1 or s.shape[2] == 1):
+        raise ValueError(f"{name}: scale rows must be contiguous (stride {s.stride()})")
+
+
+def moe_ffn_quant(x: torch.Tensor, w13, w_down, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
+                  isa: str = "auto", threads: int | None = None) -> torch.Tensor:
+    """The HiNa-MoE expert FFN on quantized weights (kernels/quant.h), the same driver as moe_ffn.
+
+    w13     hinabench.quant.QuantWeight [E, 2I, H] (gate rows then up rows), int8 or fp8;
+    w_down  QuantWeight [E, H, I] of the same scheme and group.
+    int8 is W8A8: x is quantized per token and group of `group` along H in the gather, the SiLU(gate)*up
+    intermediate per token and group along I before the down projection (hinabench.quant.quantize_act's
+    steps); int32 sums per group, scaled per group in fp32. fp8 is weight-only: x stays bf16 (fp32 in
+    the kernel). x, topk_ids, topk_weights, isa, threads as in moe_ffn. Returns [T, H] bf16.
+    ValueError for bad input (wrong dtype, scale shapes that do not match the group, a group that does
+    not divide H or I, ...)."""
+    from .quant import QuantWeight
+    isa = resolve_isa(isa)
+    if not isinstance(w13, QuantWeight):
+        _check_quant("w13", w13, "int8", (0, 0, 0), 0)   # raises with the reason
+    scheme, group = w13.scheme, int(w13.group)
+    if scheme not in _QUANT_CODES:
+        raise ValueError(f"unknown quantization scheme {scheme!r}")
+    if not (w13.q.dim() == 3 and w13.q.shape[1] % 2 == 0):
+        raise ValueError("w13 must be [E, 2I, H]")
+    E, I2, H = (int(v) for v in w13.q.shape)
+    I = I2 // 2
+    if not (H > 0 and I > 0 and E > 0):
+        raise ValueError(f"empty weights (E={E}, I={I}, H={H})")
+    if not (H % SHAPE_MULTIPLE == 0 and I % SHAPE_MULTIPLE == 0):
+        raise ValueError(f"H={H} and I={I} must be multiples of {SHAPE_MULTIPLE} (no tail code)")
+    if scheme == "int8" and (H % group or I % group):
+        raise ValueError(f"the int8 group size {group} must divide H={H} and I={I}")
+    if scheme == "fp8" and I % 128:
+        raise ValueError(f"fp8: I={I} must be a multiple of 128 (gate and up rows in whole scale blocks)")
+    _check_quant("w13", w13, scheme, (E, 2 * I, H), group)
+    if not isinstance(w_down, QuantWeight) or w_down.group != group:
+        _check_quant("w_down", w_down, scheme, (E, H, I), group)
+        raise ValueError(f"w_down's group ({w_down.group}) differs from w13's ({group})")
+    _check_quant("w_down", w_down, scheme, (E, H, I), group)
+    T = _check_tokens(x, H, "H")
+    if not (isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 and topk_ids.shape[0] == T):
+        raise ValueError(f"topk_ids must be [T={T}, k]")
+    if not (topk_ids.dtype in (torch.int32, torch.int64)):
+        raise ValueError(f"topk_ids must be int32 or int64 (got {topk_ids.dtype})")
+    k = int(topk_ids.shape[1])
+    if not (isinstance(topk_weights, torch.Tensor) and tuple(topk_weights.shape) == (T, k)
+            and topk_weights.dtype == torch.float32):
+        raise ValueError(f"topk_weights must be float32 [T={T}, k={k}] like topk_ids")
+    if not (k >= 1):
+        raise ValueError("topk_ids needs at least one slot per token")
+    out = torch.empty(T, H, dtype=torch.bfloat16)
+    if T == 0:
+        return out
+    lo, hi = int(topk_ids.min()), int(topk_ids.max())
+    if lo < 0 or hi >= E:
+        raise ValueError(f"topk_ids holds expert {lo if lo < 0 else hi}, outside [0, {E})")
+    ids = topk_ids.to(torch.int32).contiguous()
+    tw = topk_weights.contiguous()
+    threads = torch.get_num_threads() if threads is None else int(threads)
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1 (got {threads})")
+    gate, up = w13.rows(0, I), w13.rows(I, 2 * I)
+    mod = _MODULES.get(isa) or _MODULES.setdefault(isa, _module(isa))
+    q, s = (gate.q, up.q, w_down.q), (gate.scale, up.scale, w_down.scale)
+    call = mod.MoeCall(x=x.data_ptr(), T=T, H=H, I=I, ldx=x.stride(0) if T > 1 else H,
+                       w_gate=q[0].data_ptr(), gate_es=q[0].stride(0), gate_rs=q[0].stride(1),
+                       w_up=q[1].data_ptr(), up_es=q[1].stride(0), up_rs=q[1].stride(1),
+                       w_down=q[2].data_ptr(), down_es=q[2].stride(0), down_rs=q[2].stride(1),
+                       E=E, topk_ids=ids.data_ptr(), k=k, topk_weights=tw.data_ptr(),
+                       out=out.data_ptr(), isa=isa, threads=threads,
+                       dtype=_QUANT_CODES[scheme], group=group,
+                       s_gate=s[0].data_ptr(), s_gate_es=s[0].stride(0), s_gate_rs=s[0].stride(1),
+                       s_up=s[1].data_ptr(), s_up_es=s[1].stride(0), s_up_rs=s[1].stride(1),
+                       s_down=s[2].data_ptr(), s_down_es=s[2].stride(0), s_down_rs=s[2].stride(1))
     mod.moe_ffn(call)
     return out
 

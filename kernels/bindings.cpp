@@ -66,6 +66,19 @@ void register_moe(py::module_& m) {
   address_field(call, "seg_off", &MoeCall::seg_off);
   address_field(call, "segs", &MoeCall::segs);
   call.def_readwrite("node_cpus", &MoeCall::node_cpus);
+  // quantized weights (kernels/quant.h): dtype 0 bf16, 1 int8, 2 fp8; scales by address
+  call.def_property("dtype", [](const MoeCall& c) { return int(c.dtype); },
+                    [](MoeCall& c, int v) {
+                      if (v < 0 || v > 2) throw std::invalid_argument("dtype must be 0 (bf16), 1 (int8) or 2 (fp8)");
+                      c.dtype = Dtype(v);
+                    });
+  call.def_readwrite("group", &MoeCall::group);
+  address_field(call, "s_gate", &MoeCall::s_gate);
+  call.def_readwrite("s_gate_es", &MoeCall::s_gate_es).def_readwrite("s_gate_rs", &MoeCall::s_gate_rs);
+  address_field(call, "s_up", &MoeCall::s_up);
+  call.def_readwrite("s_up_es", &MoeCall::s_up_es).def_readwrite("s_up_rs", &MoeCall::s_up_rs);
+  address_field(call, "s_down", &MoeCall::s_down);
+  call.def_readwrite("s_down_es", &MoeCall::s_down_es).def_readwrite("s_down_rs", &MoeCall::s_down_rs);
 
   m.def("moe_isas", &moe_isas, "The micro-kernels built into this module (not all usable here).");
   m.def(

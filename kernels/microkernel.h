@@ -36,7 +36,8 @@ namespace hina {
 constexpr int kShapeMultiple = 32;
 
 // Weight element types (the second key of the table).
-enum class Dtype : int { bf16 = 0 };
+// int8 and fp8 are the quantized entries (quant.h: their tasks carry scales).
+enum class Dtype : int { bf16 = 0, int8 = 1, fp8 = 2 };
 
 // ---- tasks: what the driver hands a micro-kernel -------------------------------------------------
 // One gate/up task: rows [n0, n0 + n) of W_gate and W_up of one expert, for all M gathered tokens.

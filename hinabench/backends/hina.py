@@ -42,6 +42,9 @@ class _Hina(Backend):
                               f"(got {got})")
         if p.kind == "linear" and self.numa != "off":
             raise Unsupported(f"{self.name}: the NUMA-partitioned mode is for the expert FFN only")
+        if p.dt.quantized and self.numa != "off":
+            raise Unsupported(f"{self.name}: quantized weights ({p.dtype}) run the plain kernel only "
+                              "(Algorithm 2's piece path is bf16's)")
 
     def prepare(self, data) -> None:
         super().prepare(data)  # checks only: no packing, no conversion, no copy
@@ -52,6 +55,9 @@ class _Hina(Backend):
 
     def run_ffn(self, group: int) -> torch.Tensor:
         d = self.data
+        if d.q13 is not None:   # int8 / fp8: the quantized weights and their scales, read in place
+            return kernels.moe_ffn_quant(d.x, d.q13, d.qdown, d.topk_ids[group], d.topk_weights,
+                                         isa=self.isa, threads=self.threads)
         return kernels.moe_ffn(d.x, None, None, d.w_down, d.topk_ids[group], d.topk_weights,
                                w13=d.w13, isa=self.isa, threads=self.threads, **self._numa_args())
 
@@ -83,7 +89,8 @@ class HinaAvx2(_Hina):
     name = "hina:avx2"
     isa = "avx2"
     description = ("HiNa-MoE general-layout kernel, AVX2+FMA micro-kernel (bf16 W converted in "
-                   "registers, fp32 FMA), no weight repacking")
+                   "registers, fp32 FMA; int8 W8A8 by vpmaddwd, fp8 e4m3 unpacked in registers), no "
+                   "weight repacking")
 
 
 @register

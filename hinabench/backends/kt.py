@@ -7,6 +7,10 @@ load_weights_task (the operator packs its own copy: counted in extra_bytes) and 
 - `kt:amxbf16`   moe.AMXBF16_MOE: AMX tiles, or its AVX-512-BF16 fallback, where kt loads an AVX-512 build
 - `kt:avx2bf16`  moe.AVX2BF16_MOE: the BF16 operator of kt's AVX2 build
 - `kt:llamafile` moe.MOE: the llamafile (sgemm) operator on BF16 ggml tensors
+- `kt:fp8`       moe.AVX2FP8_MOE: the FP8 operator of kt's AVX2 build, on the problem's own fp8 e4m3
+                 weights and fp32 128x128 block scales (hinabench.quant, DeepSeek-V3's weight_scale_inv;
+                 bf16 scales give NaN on this build). kt's AVX2 build has no INT8 class (its INT8 MoE,
+                 AMXInt8_MOE, the paper's Figure 11 peer, is in the AMX build only): no `kt` int8 row here.
 A class the loaded build does not have is an `unsupported` row naming the build.
 """
 from __future__ import annotations
@@ -57,8 +61,17 @@ class KtLlamafile(_Kt):
     description = "KTransformers kt-kernel moe.MOE: llamafile sgemm on BF16 ggml tensors"
 
 
+@register
+class KtFp8(_Kt):
+    name = "kt:fp8"
+    variant = "fp8"
+    dtypes = ("fp8",)
+    description = ("KTransformers kt-kernel moe.AVX2FP8_MOE (its AVX2 build's FP8 operator) on the problem's "
+                   "fp8 e4m3 weights with 128x128 fp32 block scales, on its packed copy")
+
+
 # ---- worker side ----------------------------------------------------------------------------------
-_CLASSES = {"amxbf16": "AMXBF16_MOE", "avx2bf16": "AVX2BF16_MOE", "llamafile": "MOE"}
+_CLASSES = {"amxbf16": "AMXBF16_MOE", "avx2bf16": "AVX2BF16_MOE", "llamafile": "MOE", "fp8": "AVX2FP8_MOE"}
 
 
 class KtPeer:
@@ -83,12 +96,27 @@ class KtPeer:
             raise PeerUnsupported(f"kt's llamafile operator needs H and I divisible by 256 (QK_K): "
                                   f"H={p.H}, I={p.I}")
         self.data = data
-        # kt reads gate and up as separate [E, I, H] arrays: ours are views into w13 [E, 2I, H]
-        self.gate = data.w_gate.contiguous()
-        self.up = data.w_up.contiguous()
-        self.down = data.w_down
-        self.cpu = k.CPUInfer(self.threads)
         cfg = k.moe.MOEConfig(E, p.A, p.H, p.I)
+        if self.variant == "fp8":
+            if getattr(data, "q13", None) is None or p.dtype != "fp8":
+                raise PeerUnsupported("kt:fp8 runs fp8 problems only")
+            I = p.I
+            # kt reads gate, up and down as separate contiguous [E, N, K] bytes and [E, N/128, K/128] scales
+            self.gate = data.q13.q[:, :I].contiguous().view(torch.uint8)
+            self.up = data.q13.q[:, I:].contiguous().view(torch.uint8)
+            self.down = data.qdown.q.contiguous().view(torch.uint8)
+            self.scales = [data.q13.scale[:, : I // 128].contiguous(), data.q13.scale[:, I // 128:].contiguous(),
+                           data.qdown.scale.contiguous()]
+            cfg.quant_config.bits = 8
+            cfg.quant_config.group_size = 128
+            cfg.quant_config.zero_point = False
+            cfg.gate_scale, cfg.up_scale, cfg.down_scale = (s.data_ptr() for s in self.scales)
+        else:
+            # kt reads gate and up as separate [E, I, H] arrays: ours are views into w13 [E, 2I, H]
+            self.gate = data.w_gate.contiguous()
+            self.up = data.w_up.contiguous()
+            self.down = data.w_down
+        self.cpu = k.CPUInfer(self.threads)
         cfg.pool = self.cpu.backend_
         cfg.max_len = max(p.T, 32)
         cfg.gate_proj, cfg.up_proj, cfg.down_proj = (self.gate.data_ptr(), self.up.data_ptr(),
@@ -122,6 +150,9 @@ class KtPeer:
         # the contiguous gate/up copies we hand it; the operators' own packed copies (AMX/AVX2 BF16
         # repack at load_weights) are not visible from Python: counted as one more copy of the weights
         # for those, none for llamafile (which reads the ggml tensors it was given)
+        if self.variant == "fp8":   # our contiguous copies (bytes + scales), and its packed copy of them
+            ours = self.gate.numel() + self.up.numel() + self.down.numel() + sum(4 * s.numel() for s in self.scales)
+            return 2 * ours
         ours = 2 * self.gate.numel() * 2
         packed = 0 if self.variant == "llamafile" else (self.data.w13.numel() + self.data.w_down.numel()) * 2
         return ours + packed

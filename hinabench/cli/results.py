@@ -86,8 +86,11 @@ def show(results, models, backends, tokens, threads, status, all_runs, fmt):
               help="The hina variant to judge; auto: the best ISA with ok rows (amx, avx512, avx2).")
 @click.option("--model", "models", default=None, help="Only these models, comma-separated.")
 @click.option("--threads", default=None, help="Only these thread counts, comma-separated.")
+@click.option("--quant", is_flag=True, help="The quantized kernels' targets instead (issue 13): INT8 >= 0.85 "
+              "of the roofline at T <= 4, >= 1.6x hina BF16 at T = 1, faster than llamacpp:q8_0 and (T >= 8) "
+              "every validated INT8 peer; FP8 >= 0.9x INT8 at T <= 4.")
 @format_option()
-def targets(results, backend, models, threads, fmt):
+def targets(results, backend, models, threads, quant, fmt):
     """Judge the HiNa-MoE kernel's performance targets on stored rows: efficiency >= 0.90 at T <= 4
     and >= 0.75 at T >= 8; faster than onednn:prepacked; >= the best validated same-bytes peer at
     T <= 4, faster at T >= 8. hina:avx2 has its own set (hinabench/report/targets.py: efficiency by
@@ -95,7 +98,7 @@ def targets(results, backend, models, threads, fmt):
     no slower). A comparison that did not run is n/a, never a pass."""
     from ..harness.store import read_rows, select_rows
     from ..report.render import emit
-    from ..report.targets import VIEW, judge
+    from ..report.targets import VIEW, judge, judge_quant
     rows = select_rows(read_rows(list(results)), models=names(models),
                        threads=ints(threads, "--threads") if threads else None)
     from ..report.render import machines_of
@@ -107,7 +110,7 @@ def targets(results, backend, models, threads, fmt):
         backend = next((b for b in ("hina:amx", "hina:avx512", "hina:avx2") if b in ok), None)
         if backend is None:
             raise UserError("no ok row of hina:amx, hina:avx512 or hina:avx2 in those results")
-    verdicts = judge(rows, backend)
+    verdicts = judge_quant(rows, backend) if quant else judge([r for r in rows if r.get("dtype") in (None, "", "bf16")], backend)
     if not verdicts:
         raise UserError(f"no row of {backend} in those results")
     counts = {k: sum(v.verdict == k for v in verdicts) for k in ("pass", "fail", "n/a")}

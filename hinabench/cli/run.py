@@ -63,10 +63,14 @@ def _run(sweep, name: str, kw: dict) -> None:
 @click.option("--routing", default="same-experts", show_default=True,
               help="Routing modes, comma-separated: same-experts (every token to the same A experts: "
                    "Figure 10's tokens per expert), router (a seeded softmax top-k over all experts).")
+@click.option("--group", default=None, type=click.Choice(["32", "64", "128"]),
+              help="int8: K elements per scale (default 128); rows carry it as quant_group.")
 @timing_options
-def ffn(model_names, tokens, experts, routing, **kw):
-    """Time the MoE expert FFN of a model on every backend, side by side, validated first."""
-    _run(_sweep("ffn", model_names, tokens, kw, experts=experts, routing=names(routing)), "ffn", kw)
+def ffn(model_names, tokens, experts, routing, group, **kw):
+    """Time the MoE expert FFN of a model on every backend, side by side, validated first.
+    --dtype bf16,int8,fp8 is a sweep axis (int8: W8A8 group-wise; fp8: e4m3, 128x128 block scales)."""
+    _run(_sweep("ffn", model_names, tokens, kw, experts=experts, routing=names(routing),
+                group=int(group) if group else None), "ffn", kw)
 
 
 @click.command()

@@ -188,6 +188,11 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
         t.row.update(placement)
         t.row.update(problem.remote_model(point.numa, backend_registry.get(t.name).work_partition, placement))
     ref = data.reference(0) if data is not None else None
+    # quantized dtypes: the scheme's own error (quantized reference vs BF16 reference), every row
+    qerr = data.quant_err(0) if data is not None and hasattr(data, "quant_err") else None
+    if qerr is not None:
+        for t in todo:
+            t.row["quant_err"] = qerr
     for t in todo:
         if not t.active:
             continue

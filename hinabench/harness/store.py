@@ -211,7 +211,7 @@ class ResultStore:
         self.appended += 1
 
 
-OPTIONAL_IN_OLD_FILES = {"op", "routing", "batch_tokens", "run_id"}
+OPTIONAL_IN_OLD_FILES = {"op", "routing", "batch_tokens", "run_id", "quant_group"}
 
 
 def _torn_tail(data: bytes, ncols: int) -> int | None:

@@ -42,6 +42,7 @@ class Sweep:
     proj: list[str] | None = None      # linear: projections (default: every one of the model's)
     backends: str = "all"
     dtype: list[str] | str = "bf16"
+    group: int | None = None           # int8: K elements per scale (32, 64, 128; default 128)
     threads: list[int] | None = None
     repeats: int = 0
     rounds: int = 3
@@ -65,7 +66,9 @@ class Sweep:
 
     def _problem(self, model, dtype: str, tokens: int, extra: dict) -> Problem:
         if self.op == "ffn":
-            return FFNProblem.create(model, tokens, self.experts, dtype, self.seed, extra["routing"])
+            from ..dtypes import get_dtype
+            group = self.group if get_dtype(dtype).name == "int8" else None
+            return FFNProblem.create(model, tokens, self.experts, dtype, self.seed, extra["routing"], group=group)
         if self.op == "linear":
             return LinearProblem.create(model, extra["proj"], tokens, dtype, self.seed)
         raise UserError(f"no sweep for problem kind '{self.op}'")
@@ -92,7 +95,7 @@ class Sweep:
 # "names": a list of strings or one string, "name": a string, "int", "float", "bool").
 SUITE_TOP = {"name": "name", "sweep": "table"}
 SWEEP_SCHEMA = {"models": "names", "tokens": "ints", "op": "name", "experts": "int", "routing": "names",
-                "proj": "names", "backends": "names", "dtype": "names", "threads": "ints", "repeats": "int",
+                "proj": "names", "backends": "names", "dtype": "names", "group": "int", "threads": "ints", "repeats": "int",
                 "rounds": "int", "min_time": "float", "warmup": "int", "seed": "int", "numa": "names",
                 "perf": "bool", "wait_quiet": "float"}
 BOUNDS = {"rounds": (1, None), "repeats": (0, None), "warmup": (0, None), "experts": (1, None),
@@ -205,12 +208,20 @@ def plan_sweep(sweep: Sweep) -> tuple[list[Point], list[str]]:
     points = sweep.points(threads)
     names = backend_registry.resolve(sweep.backends, op=sweep.op)
     explicit = sweep.backends.strip() not in ("", "all")
+    named = {b.strip() for b in sweep.backends.split(",")} if explicit else set()
+    kept = []
     for n in names:
         cls = backend_registry.get(n)
-        for dt in sweep.dtypes:
-            if explicit and dt not in cls.dtypes:
-                raise UserError(f"backend {n} has no {dt} path (it has: {', '.join(cls.dtypes)})")
-    return points, names
+        # a backend named explicitly must have a path for one of the sweep's dtypes at least (for the
+        # others, --dtype bf16,int8,fp8, its rows say `unsupported` with the reason); a member of a
+        # named family (torch -> torch:dequant) without any is left out
+        if explicit and not any(dt in cls.dtypes for dt in sweep.dtypes):
+            if n in named:
+                dts = ", ".join(sweep.dtypes)
+                raise UserError(f"backend {n} has no {dts} path (it has: {', '.join(cls.dtypes)})")
+            continue
+        kept.append(n)
+    return points, kept
 
 
 def run_config(sweep: Sweep, command: str = "", run_id: str = ""):

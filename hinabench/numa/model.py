@@ -21,7 +21,7 @@ PAGE_2M = 2 * 1024 * 1024
 PAGE_SIZES = {"4k": PAGE_4K, "2m": PAGE_2M}
 # Element sizes of storage formats the model lays out (`hinabench numa plan --dtype int8`) that the
 # weight dtype table, hinabench.dtypes, does not list; a name in that table always takes its size.
-LAYOUT_ONLY_ELEMENT_BYTES = {"fp16": 2, "fp32": 4, "int8": 1}
+LAYOUT_ONLY_ELEMENT_BYTES = {"fp16": 2, "fp32": 4, "int8": 1, "fp8": 1}
 PARTITIONS = ("hina", "row-split", "per-node-copy", "tp-split")
 
 

@@ -37,8 +37,12 @@ ROUTINGS = ("same-experts", "router")
 class FFNProblem(Problem):
     kind: ClassVar[str] = "ffn"
     key_columns: ClassVar[tuple[str, ...]] = ("model", "dtype", "routing", "batch_tokens",
-                                              "tokens_per_expert", "experts")
-    columns: ClassVar[tuple[str, ...]] = key_columns + ("hidden_size", "intermediate_size")
+                                              "tokens_per_expert", "experts", "quant_group")
+    # quant_group: K elements per scale (int8: 32/64/128; fp8: the 128x128 block's edge; empty for
+    # bf16); scale_dtype: the scales' type; quant_err: the quantized reference's relative L2 error
+    # against the BF16 reference (the scheme's own error, the same for every backend of a point)
+    columns: ClassVar[tuple[str, ...]] = key_columns + ("hidden_size", "intermediate_size", "scale_dtype",
+                                                        "quant_err")
     key_defaults: ClassVar[dict] = {"routing": "same-experts"}   # batch_tokens: = tokens_per_expert
 
     model: Model
@@ -47,19 +51,23 @@ class FFNProblem(Problem):
     dtype: str = "bf16"
     seed: int = 0
     routing: str = "same-experts"
+    group: int = 0                 # quantized dtypes: K elements per scale (0 for bf16)
     _routing_cache: dict = field(default_factory=dict, repr=False, compare=False, hash=False)
 
     @classmethod
     def create(cls, model: str | Model, tokens: int | None = None, active_experts: int | None = None,
                dtype: str = "bf16", seed: int = 0, routing: str = "same-experts", *,
-               tokens_per_expert: int | None = None) -> "FFNProblem":
-        """`tokens`: batch tokens B (= T under same-experts); `tokens_per_expert` is its alias there."""
+               tokens_per_expert: int | None = None, group: int | None = None) -> "FFNProblem":
+        """`tokens`: batch tokens B (= T under same-experts); `tokens_per_expert` is its alias there.
+        `group`: int8's K elements per scale (default 128); fp8's is its 128x128 block."""
         if tokens is None:
             tokens = tokens_per_expert
         if tokens is None:
             raise UserError("give the number of tokens")
         m = model if isinstance(model, Model) else get_model(model)
-        p = cls(m, int(tokens), int(active_experts or m.top_k), dtype, int(seed), routing)
+        dt = get_dtype(dtype)
+        g = int(group) if group else dt.default_group
+        p = cls(m, int(tokens), int(active_experts or m.top_k), dt.name, int(seed), routing, g)
         p.validate()
         return p
 
@@ -67,11 +75,12 @@ class FFNProblem(Problem):
     def custom(cls, hidden_size: int, intermediate_size: int, tokens: int | None = None,
                active_experts: int = 1, routed_experts: int | None = None, dtype: str = "bf16",
                seed: int = 0, routing: str = "same-experts", *,
-               tokens_per_expert: int | None = None) -> "FFNProblem":
+               tokens_per_expert: int | None = None, group: int | None = None) -> "FFNProblem":
         """A problem on a made-up shape (tests, random shapes)."""
         m = Model(f"custom-{hidden_size}x{intermediate_size}", hidden_size, intermediate_size,
                   routed_experts or active_experts, active_experts, 0, 1, 1, 1, 1, 1, "made up")
-        return cls.create(m, tokens, active_experts, dtype, seed, routing, tokens_per_expert=tokens_per_expert)
+        return cls.create(m, tokens, active_experts, dtype, seed, routing, tokens_per_expert=tokens_per_expert,
+                          group=group)
 
     def validate(self) -> None:
         if self.tokens < 1:
@@ -82,7 +91,19 @@ class FFNProblem(Problem):
         if self.active_experts > self.model.routed_experts:
             raise UserError(f"{self.active_experts} active experts asked, but {self.model.name} has "
                             f"{self.model.routed_experts} routed experts")
-        get_dtype(self.dtype)
+        dt = get_dtype(self.dtype)
+        if dt.quantized:
+            from ..quant import FP8_BLOCK, check_group
+            if dt.name == "int8":
+                g = check_group(self.group)
+                if self.H % g or self.I % g:
+                    raise UserError(f"the int8 group size {g} must divide H={self.H} and I={self.I}")
+            elif self.group != FP8_BLOCK:
+                raise UserError(f"fp8 scales are {FP8_BLOCK}x{FP8_BLOCK} blocks (--group {self.group} given)")
+            elif self.I % FP8_BLOCK:
+                raise UserError(f"fp8 needs I={self.I} to be a multiple of {FP8_BLOCK} (whole gate/up blocks)")
+        elif self.group:
+            raise UserError(f"--group is for quantized dtypes (int8); {self.dtype} has no scales")
         if self.routing not in ROUTINGS:
             raise UserError(f"unknown routing '{self.routing}'; known: {', '.join(ROUTINGS)}")
         if self.model.hidden_size < 1 or self.model.intermediate_size < 1:
@@ -135,7 +156,10 @@ class FFNProblem(Problem):
         return round(self.tokens * self.A / self.touched_experts(), 2)
 
     def expert_bytes(self) -> int:
-        return int(3 * self.H * self.I * self.dt.element_bytes)
+        """One expert's three matrices as a kernel reads them: the weights, and their scales."""
+        dt = self.dt
+        return int(3 * self.H * self.I * dt.element_bytes + dt.scale_bytes(2 * self.I, self.H, self.group)
+                   + dt.scale_bytes(self.H, self.I, self.group))
 
     @property
     def weight_bytes(self) -> int:
@@ -152,7 +176,9 @@ class FFNProblem(Problem):
         return 2 * self.tokens * self.A * 3 * self.H * self.I
 
     def allocated_bytes(self, groups: int) -> int:
-        return groups * self.group_bytes + 4 * self.tokens * self.H * 4
+        # a quantized problem also keeps its BF16 source weights (the BF16 reference, quant_err)
+        source = self.experts_per_group * 3 * self.H * self.I * 2 if self.dt.quantized else 0
+        return groups * (self.group_bytes + source) + 4 * self.tokens * self.H * 4
 
     def reference_bytes(self) -> int:
         return 3 * self.H * self.I * 4 * 2      # float32 copies of one expert, transient
@@ -167,14 +193,15 @@ class FFNProblem(Problem):
     def key(self) -> dict:
         return {"model": self.model.name, "dtype": self.dtype, "routing": self.routing,
                 "batch_tokens": self.tokens, "tokens_per_expert": self.tokens_per_expert,
-                "experts": self.A, "hidden_size": self.H, "intermediate_size": self.I}
+                "experts": self.A, "quant_group": self.group or None, "hidden_size": self.H,
+                "intermediate_size": self.I, "scale_dtype": self.dt.scale_dtype}
 
     def to_dict(self) -> dict:
         m = self.model
         return {"kind": self.kind, "name": m.name, "hidden_size": m.hidden_size,
                 "intermediate_size": m.intermediate_size, "routed_experts": m.routed_experts,
                 "top_k": m.top_k, "tokens": self.tokens, "active_experts": self.active_experts,
-                "dtype": self.dtype, "seed": self.seed, "routing": self.routing}
+                "dtype": self.dtype, "seed": self.seed, "routing": self.routing, "group": self.group}
 
     @classmethod
     def from_dict(cls, d: dict) -> "FFNProblem":
@@ -182,12 +209,13 @@ class FFNProblem(Problem):
                   int(d["top_k"]), 0, 1, 1, 1, 1, 1, "from the harness")
         tokens = d.get("tokens", d.get("tokens_per_expert"))
         return cls.create(m, int(tokens), int(d["active_experts"]), d["dtype"], int(d["seed"]),
-                          d.get("routing", "same-experts"))
+                          d.get("routing", "same-experts"), group=int(d.get("group") or 0) or None)
 
     def __str__(self) -> str:
+        dt = f"{self.dtype} g{self.group}" if self.dtype == "int8" else self.dtype
         if self.routing == "same-experts":
-            return f"{self.model.name} T={self.tokens} A={self.A} {self.dtype}"
-        return f"{self.model.name} B={self.tokens} router top-{self.A} {self.dtype}"
+            return f"{self.model.name} T={self.tokens} A={self.A} {dt}"
+        return f"{self.model.name} B={self.tokens} router top-{self.A} {dt}"
 
     # ---- data --------------------------------------------------------------------------------------
     def materialize(self, llc_bytes: int | None = None, rotate: bool = True,
@@ -213,6 +241,10 @@ class FFNData(ProblemData):
     w_down: torch.Tensor = None            # [E_alloc, H, I]
     topk_ids: list = None                  # per rotation group: [B, A] int32
     topk_weights: torch.Tensor = None      # [B, A] float32, positive, rows sum to 1
+    # quantized dtypes (hinabench.quant): the kernels' weights, quantized offline from w13 / w_down,
+    # which stay as the BF16 source (the BF16 reference that quant_err measures the scheme against)
+    q13: "QuantWeight" = None              # [E_alloc, 2I, H]
+    qdown: "QuantWeight" = None            # [E_alloc, H, I]
 
     @property
     def w_gate(self) -> torch.Tensor:
@@ -231,6 +263,8 @@ class FFNData(ProblemData):
         return self.problem.experts_per_group
 
     def weights(self) -> list[torch.Tensor]:
+        if self.q13 is not None:
+            return [self.q13.q, self.qdown.q]
         return [self.w13, self.w_down]
 
     def group_experts(self, group: int) -> range:
@@ -240,14 +274,34 @@ class FFNData(ProblemData):
     def group_buffers(self, group: int) -> list[tuple[int, int]]:
         e = self.group_experts(group)
         out = []
-        for w in (self.w13, self.w_down):
+        tensors = (self.w13, self.w_down) if self.q13 is None else \
+            (self.q13.q, self.q13.scale, self.qdown.q, self.qdown.scale)
+        for w in tensors:
             part = w[e.start:e.stop]
             out.append((part.data_ptr(), part.numel() * part.element_size()))
         return out
 
     def compute_reference(self, group: int) -> torch.Tensor:
+        """The reference a backend must match: for quantized dtypes the quantized one (dequantized
+        weights, and W8A8's activation quantization), else the BF16 weights' fp32 reference."""
+        if self.q13 is not None:
+            from ..quant import moe_ffn_quant_reference
+            I = self.problem.I
+            return moe_ffn_quant_reference(self.x, self.q13.rows(0, I), self.q13.rows(I, 2 * I), self.qdown,
+                                           self.topk_ids[group], self.topk_weights)
+        return self.reference_bf16(group)
+
+    def reference_bf16(self, group: int = 0) -> torch.Tensor:
+        """The fp32 reference on the BF16 (source) weights."""
         return moe_ffn_reference(self.x, self.w_gate, self.w_up, self.w_down, self.topk_ids[group],
                                  self.topk_weights)
+
+    def quant_err(self, group: int = 0) -> float | None:
+        """The scheme's own error: the quantized reference against the BF16 reference (rel. L2)."""
+        if self.q13 is None:
+            return None
+        from .validate import rel_err
+        return rel_err(self.reference(group), self.reference_bf16(group))
 
 
 def materialize(problem: FFNProblem, llc_bytes: int | None = None, rotate: bool = True,
@@ -259,7 +313,7 @@ def materialize(problem: FFNProblem, llc_bytes: int | None = None, rotate: bool 
     groups = p.rotation_groups(llc_bytes or detect_llc()) if rotate else 1
     n = p.experts_per_group
     E = groups * n
-    dt = p.dt.torch_dtype
+    dt = torch.bfloat16   # the source weights and x are bf16; quantized dtypes quantize them below
     w13 = torch.empty(E, 2 * p.I, p.H, dtype=dt)
     w_down = torch.empty(E, p.H, p.I, dtype=dt)
     place(w13, numa)
@@ -283,7 +337,12 @@ def materialize(problem: FFNProblem, llc_bytes: int | None = None, rotate: bool 
         else:
             order = p.routing_ids()
         ids.append((order + g * n).to(torch.int32).contiguous())
-    return FFNData(p, groups, x, numa, w13=w13, w_down=w_down, topk_ids=ids, topk_weights=topk_weights)
+    data = FFNData(p, groups, x, numa, w13=w13, w_down=w_down, topk_ids=ids, topk_weights=topk_weights)
+    if p.dt.quantized:   # the framework's offline step (hinabench.quant); placed like the source
+        from ..quant import quantize
+        data.q13 = quantize(w13, p.dtype, p.group)
+        data.qdown = quantize(w_down, p.dtype, p.group)
+    return data
 
 
 def moe_ffn_reference(x, w_gate, w_up, w_down, topk_ids, topk_weights) -> torch.Tensor:

@@ -50,7 +50,9 @@ class LinearProblem(Problem):
     def validate(self) -> None:
         if self.tokens < 1:
             raise UserError(f"batch tokens must be at least 1 (got {self.tokens})")
-        get_dtype(self.dtype)
+        if get_dtype(self.dtype).quantized:
+            raise UserError(f"linear has no {self.dtype} path yet: quantized dtypes are for the expert FFN "
+                            "(hinabench ffn --dtype int8,fp8)")
         projs = self.model.projections()
         if self.proj not in projs:
             raise UserError(f"{self.model.name} has no projection '{self.proj}'; it has: {', '.join(projs)}")

@@ -8,6 +8,9 @@ smallest T), a bar per backend and model (and per NUMA policy where rows have se
 fig15: the remote-DRAM fraction per backend, weights interleaved (measured or modeled, labelled).
 fig1: CPU vs GPU expert-FFN throughput (tokens/s) by batch tokens: the CPU backends against the
 `torch-cuda` backend, drawn only where both sides have rows that ran.
+fig11: the paper's Figure 11: speedup of hina's INT8 kernel over KTransformers' INT8 per model and T;
+where no kt INT8 row ran (kt's AVX2 build has no INT8 class), over the best validated INT8 peer, the
+caption naming it; a second panel does the same for FP8 when FP8 rows exist (kt:fp8 runs on AVX2).
 
 Each takes the results paths (named in the caption's side file) and, optionally, the rows already
 loaded (`frame`: `hinabench report` draws one machine's rows at a time). FIGURE_ROWS says which rows
@@ -91,6 +94,9 @@ def fig10(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     df = ffn_points(load_frame(results) if frame is None else frame)
     _one_machine(df, "fig10")
     df, gpu_note = _cpu_only(df)
+    if "dtype" in df and df["dtype"].nunique() > 1:   # Figure 10 is BF16's; quantized rows are fig11's
+        gpu_note += f" Quantized rows ({', '.join(sorted(set(df['dtype']) - {'bf16'}))}) are in fig11, not here."
+        df = df[df["dtype"] == "bf16"]
     if df.empty:
         raise UserError("no FFN rows of a CPU backend with same-experts routing (Figure 10's tokens per "
                         "expert) in the results given" + (f";{gpu_note}" if gpu_note else ""))
@@ -447,14 +453,108 @@ def fig1(results: list[str], out_dir: str | None = None, frame=None) -> list[Pat
     return _save(fig, "fig1", results, out_dir, caption, df)
 
 
+def quant_points(df):
+    """The FFN rows of quantized dtypes (Figure 11's)."""
+    df = ffn_points(df)
+    return df[df["dtype"].isin(["int8", "fp8"])] if "dtype" in df else df.iloc[0:0]
+
+
+def fig11_speedups(df) -> dict:
+    """{dtype: (peer-choice note, [(model, T, hina backend, peer backend, speedup, hina ms, peer ms)])}:
+    hina over KTransformers where a kt row of the dtype ran (status ok), else over the fastest validated
+    (ok) peer of the point. Rows of other statuses are never ranked."""
+    out = {}
+    for dt in ("int8", "fp8"):
+        d = df[(df["dtype"] == dt) & (df["status"] == "ok")]
+        if d.empty:
+            continue
+        pts, peers_used = [], set()
+        kt_any = d["backend"].str.startswith("kt:").any()
+        for (model, T), g in d.groupby(["model", "tokens_per_expert"], sort=False):
+            hina = g[g["backend"].str.startswith("hina:")]
+            peers = g[~g["backend"].str.startswith("hina:")]
+            if kt_any:
+                peers = peers[peers["backend"].str.startswith("kt:")]
+            if hina.empty or peers.empty:
+                continue
+            h = hina.loc[hina["median_ms"].astype(float).idxmin()]
+            p = peers.loc[peers["median_ms"].astype(float).idxmin()]
+            peers_used.add(p["backend"])
+            pts.append((model, int(T), h["backend"], p["backend"], float(p["median_ms"]) / float(h["median_ms"]),
+                        float(h["median_ms"]), float(p["median_ms"])))
+        if not pts:
+            continue
+        who = ", ".join(sorted(peers_used))
+        note = (f"{dt.upper()}: over KTransformers ({who})" if kt_any else
+                f"{dt.upper()}: no KTransformers {dt} row ran here; over the best validated {dt} peer per point ({who})")
+        out[dt] = (note, pts)
+    return out
+
+
+def fig11(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = quant_points(load_frame(results) if frame is None else frame)
+    _one_machine(df, "fig11")
+    df, gpu_note = _cpu_only(df)
+    if df.empty:
+        raise UserError("no int8 or fp8 FFN rows in the results given (hinabench ffn --dtype int8,fp8, or "
+                        "hinabench suite run suites/fig11.toml)")
+    threads = int(df["threads"].max())
+    df = df[df["threads"] == threads]
+    sp = fig11_speedups(df)
+    if not sp:
+        raise UserError("no point where a hina row and a peer row of the same quantized dtype both ran (ok): "
+                        "nothing to compare; the rows' reasons say why (hinabench show)")
+    fig, axes = plt.subplots(1, len(sp), figsize=(6.8 * len(sp), 5.2), squeeze=False)
+    notes = []
+    for ax, (dt, (note, pts)) in zip(axes.flat, sp.items()):
+        notes.append(note)
+        models = list(dict.fromkeys(p[0] for p in pts))
+        Ts = sorted({p[1] for p in pts})
+        width = 0.8 / len(Ts)
+        cmap = plt.cm.viridis
+        for j, T in enumerate(Ts):
+            xs, ys = [], []
+            for i, m in enumerate(models):
+                v = [p[4] for p in pts if p[0] == m and p[1] == T]
+                if v:
+                    xs.append(i + (j - (len(Ts) - 1) / 2) * width)
+                    ys.append(v[0])
+            bars = ax.bar(xs, ys, width, color=cmap(j / max(1, len(Ts) - 1)), label=f"T={T}")
+            for x, y in zip(xs, ys):
+                ax.text(x, y, f"{y:.2f}", ha="center", va="bottom", fontsize=6)
+        ax.axhline(1.0, color="k", lw=0.8)
+        mean = sum(p[4] for p in pts) / len(pts)
+        ax.set_xticks(range(len(models)), models)
+        ax.set_ylabel("speedup (peer median / hina median)")
+        ax.set_title(f"hina {dt.upper()} speedup, mean {mean:.2f}x over {len(pts)} points", fontsize=10)
+        ax.legend(fontsize=7, ncol=len(Ts))
+        ax.grid(True, axis="y", alpha=0.3)
+    machine = str(df["fingerprint"].dropna().iloc[0]) if "fingerprint" in df and df["fingerprint"].notna().any() else ""
+    qe = df.groupby("dtype")["quant_err"].max() if "quant_err" in df else {}
+    qtxt = "; ".join(f"{d} quant_err <= {float(v):.3g}" for d, v in dict(qe).items() if v == v)
+    caption = "; ".join(notes) + f". {threads} thread(s), medians of validated rows only. {qtxt}. {machine}" + gpu_note
+    fig.suptitle("Quantized expert FFN: hina speedup per model and T (paper Fig. 11 style)", fontsize=12)
+    wrapped = textwrap.wrap(caption, int(fig.get_figwidth() * 16))
+    fig.text(0.5, 0.01, "\n".join(wrapped), ha="center", va="bottom", fontsize=7)
+    fig.tight_layout(rect=(0, (0.16 * len(wrapped) + 0.1) / fig.get_figheight(), 1, 0.94))
+    return _save(fig, "fig11", results, out_dir, caption, df)
+
+
 def _fig15_rows(df):
     return df[df["numa"] == "interleave"] if "numa" in df else df.iloc[0:0]
 
 
-FIGURES = {"fig1": fig1, "fig4": fig4, "fig10": fig10, "fig15": fig15}
+FIGURES = {"fig1": fig1, "fig4": fig4, "fig10": fig10, "fig11": fig11, "fig15": fig15}
 # The rows behind each figure, every status kept (what `hinabench report` shows beside the figure).
-FIGURE_ROWS = {"fig1": fig1_points, "fig4": fig4_points, "fig10": ffn_points, "fig15": _fig15_rows}
+FIGURE_ROWS = {"fig1": fig1_points, "fig4": fig4_points, "fig10": ffn_points, "fig11": quant_points,
+               "fig15": _fig15_rows}
 TITLES = {"fig1": "Figure 1: CPU vs GPU expert-FFN throughput by batch",
           "fig4": "Figure 4: memory-bandwidth utilisation of the MoE FFN in decode, per method",
           "fig10": "Figure 10: expert-FFN latency vs tokens per expert, with the roofline",
+          "fig11": "Figure 11: quantized (INT8, FP8) expert-FFN speedup over the peers",
           "fig15": "Figure 15: remote-DRAM traffic, weights interleaved"}

@@ -59,7 +59,9 @@ def _result_title(r: dict) -> str:
     if op == "ffn":
         routing = r.get("routing") or "same-experts"
         tail = f" (A={_int(r.get('experts'))})" + ("" if routing == "same-experts" else f", {routing}, B={_int(r.get('batch_tokens'))}")
-        return f"{r.get('model')} {r.get('dtype')}{tail}"
+        g = _int(r.get("quant_group")) if r.get("quant_group") not in (None, "") else None
+        dt = f"{r.get('dtype')} g{g}" if g is not None and r.get("dtype") == "int8" else r.get("dtype")
+        return f"{r.get('model')} {dt}{tail}"
     if op == "linear":
         return f"{r.get('model')} {r.get('proj')} [{_int(r.get('out_features'))}x{_int(r.get('in_features'))}] {r.get('dtype')}"
     return f"{op} {r.get('model')} {r.get('dtype')}"
@@ -92,6 +94,8 @@ def results_view(rows: list[dict], runs: bool = False) -> View:
     cols = list(RESULTS.columns)
     if len(machines_of(rows)) > 1:
         cols.insert(0, ("machine", "machine", None))
+    if any(r.get("quant_err") not in (None, "") for r in rows):   # quantized rows: the scheme's own error
+        cols.append(("quant_err", "quant_err", ".1e"))
     if runs:
         cols.append(("run", "run_id", None))
     return View(cols, RESULTS.title, RESULTS.style, RESULTS.right)

@@ -21,6 +21,12 @@ hina's kernel is the one to beat and there is no oneDNN bf16 path to compare wit
   peers        faster than every validated same-bytes peer at every T (beyond the MAD), by >= 1.3x
                from T = 8;
   numa         hina:avx2-numa never slower than hina:avx2 by more than the MAD.
+
+`judge_quant`: the quantized kernels' targets (issue 13), per (model, T, threads): INT8 at T <= 4
+>= 0.85 of the same-process roofline on the bytes read (weights + scales); INT8 at T = 1 >= 1.6x hina
+BF16 of the same run; INT8 faster than llamacpp:q8_0 at every T; INT8 faster than every validated
+INT8 peer at T >= 8; FP8 at T <= 4 >= 0.9x the speed of hina INT8. Same rules: n/a is never a pass,
+a tie within the MAD is not "faster".
 """
 from __future__ import annotations
 
@@ -60,8 +66,9 @@ def _f(r, c):
 def _points(rows: list[dict]) -> list[dict[str, dict]]:
     """The rows by point (the FFN's Figure-10 points: same-experts routing), then by backend."""
     points: dict[tuple, dict[str, dict]] = {}
-    for r in rows:
-        if (r.get("op") or "ffn") != "ffn" or (r.get("routing") or "same-experts") != "same-experts":
+    for r in rows:   # bf16: the quantized rows have their own targets (judge_quant)
+        if (r.get("op") or "ffn") != "ffn" or (r.get("routing") or "same-experts") != "same-experts" \
+                or (r.get("dtype") or "bf16") != "bf16":
             continue
         points.setdefault(row_key(r, backend=False), {})[str(r.get("backend"))] = r
     return list(points.values())
@@ -201,6 +208,81 @@ def judge_avx2(rows: list[dict], backend: str = "hina:avx2") -> list[Verdict]:
                 out.append(Verdict(**base, target="numa", want=f"{backend}-numa <= plain + MAD",
                                    got=f"{t_n:.2f} vs {t_me:.2f} ms", verdict="pass" if ok else "fail"))
     out.sort(key=lambda v: (v.model, v.numa, v.threads, v.T, v.target))
+    return out
+
+
+def judge_quant(rows: list[dict], backend: str) -> list[Verdict]:
+    """Issue 13's targets for `backend` (a hina variant) on int8/fp8 rows (see the module docstring)."""
+    by: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        if (r.get("op") or "ffn") != "ffn" or (r.get("routing") or "same-experts") != "same-experts":
+            continue
+        k = (r.get("model"), int(float(r["tokens_per_expert"])), int(float(r["threads"])), r.get("numa") or "default")
+        by.setdefault(k, {})[(str(r.get("dtype")), str(r.get("backend")))] = r
+    out: list[Verdict] = []
+
+    def ok(r):
+        return r is not None and r.get("status") == "ok" and _f(r, "median_ms")
+
+    def faster(a, b):   # a faster than b by more than the larger MAD
+        ta, tb = _f(a, "median_ms"), _f(b, "median_ms")
+        return ta < tb and abs(ta - tb) >= max(_f(a, "mad_ms") or 0.0, _f(b, "mad_ms") or 0.0)
+
+    for (model, T, thr, numa), d in sorted(by.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        base = dict(model=model, T=T, threads=thr, numa=numa, backend=backend)
+        me = d.get(("int8", backend))
+        if me is None:
+            continue
+        if not ok(me):
+            out.append(Verdict(**base, target="int8", want="an ok row", got=str(me.get("status")), verdict="n/a",
+                               why=str(me.get("reason") or "")))
+            continue
+        t_me = _f(me, "median_ms")
+        if T <= 4:
+            eff = _f(me, "efficiency")
+            out.append(Verdict(**base, target="int8 efficiency", want=">= 0.85", got="-" if eff is None else f"{eff:.2f}",
+                               verdict="n/a" if eff is None else ("pass" if eff >= 0.85 else "fail"),
+                               why=f"{me.get('bound')}-bound roofline {_f(me, 'roofline_ms'):.1f} ms"
+                               if _f(me, "roofline_ms") else ""))
+        if T == 1:
+            bf = d.get(("bf16", backend))
+            if not ok(bf):
+                out.append(Verdict(**base, target="int8 vs bf16", want=">= 1.6x", got="-", verdict="n/a",
+                                   why=f"no ok bf16 row of {backend}"))
+            else:
+                x = _f(bf, "median_ms") / t_me
+                out.append(Verdict(**base, target="int8 vs bf16", want=">= 1.6x hina bf16", got=f"{x:.2f}x",
+                                   verdict="pass" if x >= 1.6 else "fail"))
+        q8 = [r for (dt, b), r in d.items() if b == "llamacpp:q8_0"]
+        q8ok = [r for r in q8 if ok(r)]
+        if not q8ok:
+            why = ("llamacpp:q8_0 " + (f"{q8[0].get('status')}: {q8[0].get('reason') or ''}" if q8 else "has no row"))
+            out.append(Verdict(**base, target="vs q8_0", want="< llamacpp:q8_0", got="-", verdict="n/a", why=why[:160]))
+        else:
+            p = min(q8ok, key=lambda r: _f(r, "median_ms"))
+            out.append(Verdict(**base, target="vs q8_0", want="< llamacpp:q8_0",
+                               got=f"{t_me:.2f} vs {_f(p, 'median_ms'):.2f} ms", verdict="pass" if faster(me, p) else "fail"))
+        if T >= 8:
+            peers = [r for (dt, b), r in d.items() if dt == "int8" and not b.startswith("hina:") and ok(r)]
+            if not peers:
+                out.append(Verdict(**base, target="int8 peers", want="< every int8 peer", got="-", verdict="n/a",
+                                   why="no int8 peer ran validated"))
+            else:
+                slow = [r for r in peers if not faster(me, r)]
+                best = min(peers, key=lambda r: _f(r, "median_ms"))
+                out.append(Verdict(**base, target="int8 peers", want="< every validated int8 peer",
+                                   got=f"{t_me:.2f} vs {best['backend']} {_f(best, 'median_ms'):.2f} ms "
+                                       f"({_f(best, 'median_ms') / t_me:.2f}x)",
+                                   verdict="fail" if slow else "pass"))
+        if T <= 4:
+            f8 = d.get(("fp8", backend))
+            if not ok(f8):
+                out.append(Verdict(**base, target="fp8 vs int8", want=">= 0.9x int8", got="-", verdict="n/a",
+                                   why=f"no ok fp8 row of {backend}"))
+            else:
+                x = t_me / _f(f8, "median_ms")
+                out.append(Verdict(**base, target="fp8 vs int8", want=">= 0.9x int8 speed", got=f"{x:.2f}x",
+                                   verdict="pass" if x >= 0.9 else "fail"))
     return out
 
 

@@ -34,6 +34,7 @@
 #include "ops/numa_partition.h"
 #include "ops/parallel.h"
 #include "pieces.h"
+#include "quant.h"
 
 namespace hina {
 namespace {
@@ -182,21 +183,20 @@ void down(const Phases& p, const std::vector<Task>& tasks, int nb) {
 }
 
 // ---- 5. routing-weighted scatter-add back to token order -----------------------------------------
-void scatter(const Phases& p) {
-  const MoeCall& a = p.a;
+void scatter(const MoeCall& a, const Grouping& g, const float* y) {
   const int64_t T = a.T, H = a.H, k = a.k;
 #pragma omp for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     bf16_t* o = a.out + t * H;
     const float* w = a.topk_weights + t * k;
-    const int32_t* rows = &p.g.pair_row[t * k];
+    const int32_t* rows = &g.pair_row[t * k];
     for (int64_t h0 = 0; h0 < H; h0 += 256) {
       float acc[256];
       const int64_t hn = std::min<int64_t>(256, H - h0);
       for (int64_t j = 0; j < hn; ++j) acc[j] = 0.f;
       for (int64_t s = 0; s < k; ++s) {
         const float ws = w[s];
-        const float* yr = p.y + int64_t(rows[s]) * H + h0;
+        const float* yr = y + int64_t(rows[s]) * H + h0;
         for (int64_t j = 0; j < hn; ++j) acc[j] += ws * yr[j];
       }
       for (int64_t j = 0; j < hn; ++j) o[h0 + j] = f32_to_bf16(acc[j]);
@@ -262,10 +262,118 @@ void run(const MoeCall& a, const MicroKernel& mk, int threads, const NumaPlans* 
     else pieces.run_gate_up(me, mk, err);
     if (fused_down) down(p, down_tasks, nb_down);
     else pieces.run_down(me, mk, err);
-    scatter(p);
+    scatter(a, g, y);
   }
   err.rethrow();
   pieces.finish();
+}
+
+
+// ---- the quantized path (kernels/quant.h): the same phases, the quantized micro-kernel ----------
+// 1 group by expert; 2 gather + transformation 1 (int8: activations quantized per token and group);
+// 3 gate & up tasks, SiLU(gate)*up stored fp32; 3b pack_act (int8: the intermediate re-quantized per
+// token and group; fp8: its operand order); 4 down tasks, transpose fused; 5 the scatter.
+void run_quant(const MoeCall& a, const QuantMicroKernel& mk, int threads) {
+  const int64_t T = a.T, H = a.H, I = a.I, k = a.k;
+  if (T == 0) return;
+  const Grouping g = group_by_expert(a);
+  const int64_t A = int64_t(g.active.size());
+  const int grp = a.group;
+  std::vector<size_t> off_I(A), off_act(A), off_pact(A);
+  size_t bytes = 0;
+  for (int64_t s = 0; s < A; ++s) {
+    const int M = g.rows(g.active[s]);
+    off_I[s] = bytes;    bytes += align64(mk.packed_bytes(M, int(H), grp));
+    off_act[s] = bytes;  bytes += align64(size_t(M) * I * sizeof(float));
+    off_pact[s] = bytes; bytes += align64(mk.packed_bytes(M, int(I), grp));
+  }
+  const size_t off_y = bytes;
+  bytes += align64(size_t(T * k) * H * sizeof(float));
+  std::lock_guard<std::mutex> lock(g_scratch_mutex);
+  char* base = g_scratch.get(bytes);
+  g_last_scratch_bytes = bytes;
+  float* y = reinterpret_cast<float*>(base + off_y);
+  const int nb_up = block_rows(mk.task_rows, I, A, threads);
+  const int nb_down = block_rows(mk.task_rows, H, A, threads);
+  const std::vector<Task> up_tasks = schedule_blocks(A, I, nb_up);
+  const std::vector<Task> down_tasks = schedule_blocks(A, H, nb_down);
+  const int8_t* wg = reinterpret_cast<const int8_t*>(a.w_gate);
+  const int8_t* wu = reinterpret_cast<const int8_t*>(a.w_up);
+  const int8_t* wd = reinterpret_cast<const int8_t*>(a.w_down);
+  auto slot_of = [&](int32_t s) { return g.active[s]; };
+  FirstError err;
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t s = 0; s < A; ++s)
+      err.guard([&] {
+        const int32_t e = slot_of(int32_t(s));
+        mk.pack_tokens(a.x, a.ldx, &g.row_token[g.first[e]], g.rows(e), int(H), grp, base + off_I[s]);
+      });
+#pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < up_tasks.size(); ++i)
+      err.guard([&] {
+        const Task tk = up_tasks[i];
+        const int32_t e = slot_of(tk.slot);
+        QGateUpTask t;
+        t.w_gate = wg + e * a.gate_es;  t.ldw_gate = a.gate_rs;
+        t.w_up = wu + e * a.up_es;      t.ldw_up = a.up_rs;
+        t.s_gate = a.s_gate + e * a.s_gate_es;  t.lds_gate = a.s_gate_rs;
+        t.s_up = a.s_up + e * a.s_up_es;        t.lds_up = a.s_up_rs;
+        t.n0 = tk.n0;
+        t.n = int(std::min<int64_t>(nb_up, I - tk.n0));
+        t.K = int(H);
+        t.M = g.rows(e);
+        t.group = grp;
+        t.I = base + off_I[tk.slot];
+        t.act = reinterpret_cast<float*>(base + off_act[tk.slot]);
+        t.act_K = int(I);
+        mk.gate_up(t);
+      });
+#pragma omp for schedule(static)
+    for (int64_t s = 0; s < A; ++s)
+      err.guard([&] {
+        const int32_t e = slot_of(int32_t(s));
+        mk.pack_act(reinterpret_cast<const float*>(base + off_act[s]), g.rows(e), int(I), grp,
+                    base + off_pact[s]);
+      });
+#pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < down_tasks.size(); ++i)
+      err.guard([&] {
+        const Task tk = down_tasks[i];
+        const int32_t e = slot_of(tk.slot);
+        QDownTask t;
+        t.w = wd + e * a.down_es;  t.ldw = a.down_rs;
+        t.s = a.s_down + e * a.s_down_es;  t.lds = a.s_down_rs;
+        t.n0 = tk.n0;
+        t.n = int(std::min<int64_t>(nb_down, H - tk.n0));
+        t.K = int(I);
+        t.M = g.rows(e);
+        t.group = grp;
+        t.act = base + off_pact[tk.slot];
+        t.y = y + int64_t(g.first[e]) * H;
+        t.ldy = H;
+        mk.down(t);
+      });
+    scatter(a, g, y);
+  }
+  err.rethrow();
+}
+
+void check_quant_call(const MoeCall& a) {
+  const bool i8 = a.dtype == Dtype::int8;
+  if (a.numa_nodes > 0)
+    throw std::invalid_argument("quantized weights (int8, fp8) run the plain kernel only: numa must be off");
+  if (!a.s_gate || !a.s_up || !a.s_down) throw std::invalid_argument("quantized weights need their scales");
+  if (i8 && !(a.group == 32 || a.group == 64 || a.group == 128))
+    throw std::invalid_argument("int8 group size must be 32, 64 or 128 (got " + std::to_string(a.group) + ")");
+  if (!i8 && a.group != 128) throw std::invalid_argument("fp8 block scales are 128 x 128 (group must be 128)");
+  if (i8 && (a.H % a.group || a.I % a.group))
+    throw std::invalid_argument("the group size " + std::to_string(a.group) + " must divide H=" +
+                                std::to_string(a.H) + " and I=" + std::to_string(a.I));
+  if (!i8 && a.I % 128)
+    throw std::invalid_argument("fp8: I must be a multiple of 128 (gate and up rows in whole scale blocks)");
+  if (!i8 && (a.H > 131072 || a.I > 131072)) throw std::invalid_argument("fp8: H and I must be at most 131072");
 }
 
 }  // namespace
@@ -276,7 +384,12 @@ void moe_ffn(const MoeCall& a) {
   if (a.H > (kMaxPieces - 2) * kPieceElems || a.I > (kMaxPieces - 2) * kPieceElems)
     throw std::invalid_argument("H and I must be at most " +
                                 std::to_string((kMaxPieces - 2) * kPieceElems));
-  const MicroKernel& mk = find_microkernel(a.isa, Dtype::bf16);  // bf16 weights: the only dtype yet
+  if (a.dtype != Dtype::bf16) {
+    check_quant_call(a);
+    run_quant(a, find_quant_microkernel(a.isa, a.dtype), std::max(1, a.threads));
+    return;
+  }
+  const MicroKernel& mk = find_microkernel(a.isa, Dtype::bf16);
   if (a.numa_nodes > 0) {
     const NumaPlans plans = numa_plans_of(a);
     run(a, mk, std::max(1, a.threads), &plans);

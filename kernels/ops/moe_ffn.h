@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "microkernel.h"  // Dtype
 #include "numeric.h"  // bf16_t
 
 namespace hina {
@@ -50,6 +51,18 @@ struct MoeCall {
   const int32_t* seg_off = nullptr;
   const int32_t* segs = nullptr;
   std::vector<std::vector<int>> node_cpus;
+  // Quantized weights (kernels/quant.h): dtype int8 or fp8, then w_gate, w_up, w_down point at the
+  // 1-byte elements (int8 / e4m3; strides above in elements = bytes) and s_* at their fp32 scales:
+  // int8 [E, N, K/group] (row stride s_*_rs floats), fp8 [E, N/128, K/128] (s_*_rs: per 128-row
+  // block). s_*_es: the expert stride (floats). The plain kernel only (numa_nodes must be 0).
+  Dtype dtype = Dtype::bf16;
+  int group = 0;                     // int8: K elements per scale (32, 64, 128); fp8: 128
+  const float* s_gate = nullptr;
+  int64_t s_gate_es = 0, s_gate_rs = 0;
+  const float* s_up = nullptr;
+  int64_t s_up_es = 0, s_up_rs = 0;
+  const float* s_down = nullptr;
+  int64_t s_down_es = 0, s_down_rs = 0;
 };
 
 // Runs the operator. Throws std::invalid_argument for bad input (shapes, an expert id outside

@@ -1,0 +1,206 @@
+// The AVX2 quantized micro-kernels (compiled with -mavx2 -mfma -mf16c; run only after
+// isa_usable("avx2")): INT8 W8A8 group-wise and FP8 e4m3 weight-only, quant.h's contract.
+//
+// INT8 W8A8 (Zen 3 has no VNNI). The product of int8 weights and int8 activations is formed as
+// int16 x int16 -> int32 pair sums with vpmaddwd: the W row's 16 int8 are widened once per chunk
+// (vpmovsxbw, shared by every token of the tile), the token's 16 int8 were widened to int16 in the
+// gather (transformation 1), so per token one vpmaddwd + one vpaddd make 16 multiply-adds. The
+// vpmaddubsw "sign trick" (|x| as u8 times sign(w, x) as s8, then vpmaddwd by ones) costs the same
+// 4 ops per 32 multiply-adds per token (vpsignb, vpmaddubsw, vpmaddwd, vpaddd) and was not built:
+// with symmetric [-127, 127] values both are exact (|pair sum| <= 2 * 127^2 < 2^15). Not measured
+// side by side (time); the widen form has no per-token sign op and needs no u8/s8 split.
+//   Per group of g (32/64/128) along K: int32 accumulators from zero, then one fp32 multiply-add
+//   acc += float(int32) * (s_w[row][group] * s_x[token][group]); the lanes are summed at the end.
+//   Activations are quantized per token and group in the gather (amax, inv = 127/amax, round half
+//   to even: the same steps as hinabench.quant.quantize_act); the SiLU(gate)*up intermediate is
+//   kept in fp32 by gate_up's store and re-quantized per token and group by pack_act for down.
+//
+// FP8 e4m3 weight-only. No FP8 hardware: each 32-byte chunk of a W row is turned into fp32 in
+// registers with integer ops only: in each 32-bit lane (bytes b0..b3), byte b is moved to bits
+// 24..31, shifted arithmetically right by 4 and masked with 0x87F00000 -- sign at bit 31, the four
+// exponent bits at 26..23, the three mantissa bits at 22..20: exactly the e4m3 value times 2^-120
+// (subnormals included); the 2^120 is folded into the block scale. Per 32 weights: 1 load and 11
+// integer ops per row (shared by the tile's tokens), 4 FMAs per token. The token operand is written
+// by the gather in the matching order (per 32: elements 4i, 4i+1, 4i+2, 4i+3 as four vectors).
+// Per 128-element K block: fp32 block accumulators, then acc += block * (scale_inv * 2^120).
+// This is the "unpack once, reuse across the block's tokens" of SGLang's FP8 path done in registers
+// (a W chunk is unpacked once per tile of up to 4 tokens), not through an L1/L2 bf16 buffer.
+//
+// Tiles: R W rows x TT tokens, rows in the outer loop and the tokens' tiles inside, so a task's
+// W rows stream from memory once (R rows' slice stays in L1/L2 across the token tiles).
+#include <immintrin.h>
+
+#include "quant_glue.h"
+
+#ifndef HINA_QUANT_DEFAULT_PREFETCH
+#define HINA_QUANT_DEFAULT_PREFETCH 0
+#endif
+
+namespace hina {
+namespace {  // internal linkage: see glue.h, LINKAGE
+
+constexpr int kDefaultPrefetch = HINA_QUANT_DEFAULT_PREFETCH;
+
+// Software prefetch distance along a W row, bytes (0: none): HINA_QUANT_PREFETCH, read once. Each
+// group (int8) / block (fp8) start prefetches its bytes `distance` ahead in every row of the tile.
+int prefetch_distance() {
+  static const int d = [] {
+    const char* e = std::getenv("HINA_QUANT_PREFETCH");
+    return e ? std::atoi(e) : kDefaultPrefetch;
+  }();
+  return d;
+}
+inline void prefetch_rows(const int8_t* const* w, int R, int k, int bytes, int dist) {
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(w[r] + k + dist + b), _MM_HINT_T0);
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// ================================ INT8 W8A8: the tile ============================================
+template <int R, int TT>
+inline void i8_tile(const int8_t* const* w, const float* const* sw, const int16_t* const* x,
+                    const float* const* sx, int kb0, int kb1, int group, float* c, int ldc) {
+  __m256 accf[R][TT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) accf[r][t] = _mm256_setzero_ps();
+  const int pf = prefetch_distance();
+  for (int k0 = kb0, gi = kb0 / group; k0 < kb1; k0 += group, ++gi) {
+    if (pf) prefetch_rows(w, R, k0, group, pf);
+    __m256i acc[R][TT];
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      #pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_si256();
+    for (int k = k0; k < k0 + group; k += 16) {
+      __m256i xv[TT];
+      #pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t] + k));
+      #pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r] + k)));
+        #pragma GCC unroll 8
+        for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_add_epi32(acc[r][t], _mm256_madd_epi16(wv, xv[t]));
+      }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const float swr = sw[r][gi];
+      #pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t)
+        accf[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][t]), _mm256_set1_ps(swr * sx[t][gi]), accf[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) c[r * ldc + t] += hsum(accf[r][t]);
+}
+
+// ================================ FP8 e4m3: the tile =============================================
+struct F8W { __m256 v[4]; };
+inline F8W f8_load(const int8_t* p) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i mask = _mm256_set1_epi32(int(0x87F00000u));
+  F8W w;
+  w.v[0] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(b, 24), 4), mask));
+  w.v[1] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(b, 16), 4), mask));
+  w.v[2] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(b, 8), 4), mask));
+  w.v[3] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(b, 4), mask));
+  return w;
+}
+
+// c[r * ldc + t] = sum_blocks s[r][blk] * sum_{k in blk} W_r[k] * X_t[k]   (s already x 2^120)
+template <int R, int TT>
+inline void f8_tile(const int8_t* const* w, const float* const* s, const float* const* x, int kb0,
+                    int kb1, float* c, int ldc) {
+  __m256 acc[R][TT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
+  const int pf = prefetch_distance();
+  for (int k0 = kb0, bi = kb0 / 128; k0 < kb1; k0 += 128, ++bi) {
+    const int k1 = k0 + 128 < kb1 ? k0 + 128 : kb1;
+    if (pf) prefetch_rows(w, R, k0, k1 - k0, pf);
+    __m256 blk[R][TT];
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      #pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) blk[r][t] = _mm256_setzero_ps();
+    for (int k = k0; k < k1; k += 32) {
+      #pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const F8W wv = f8_load(w[r] + k);
+        #pragma GCC unroll 8
+        for (int t = 0; t < TT; ++t) {
+          const float* xp = x[t] + k;
+          __m256 a = blk[r][t];
+          a = _mm256_fmadd_ps(wv.v[0], _mm256_loadu_ps(xp), a);
+          a = _mm256_fmadd_ps(wv.v[1], _mm256_loadu_ps(xp + 8), a);
+          a = _mm256_fmadd_ps(wv.v[2], _mm256_loadu_ps(xp + 16), a);
+          a = _mm256_fmadd_ps(wv.v[3], _mm256_loadu_ps(xp + 24), a);
+          blk[r][t] = a;
+        }
+      }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 sv = _mm256_set1_ps(s[r][bi]);
+      #pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_fmadd_ps(blk[r][t], sv, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) c[r * ldc + t] += hsum(acc[r][t]);
+}
+
+// ================================ the kernel structs (quant_glue.h) ==============================
+struct Int8Kn {
+  static constexpr Dtype dtype = Dtype::int8;
+  static constexpr int kRowsOne = 8, kRows = 2;
+  template <int R, int TT>
+  static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int group,
+                   int kb0, int kb1, int t0, float* c, int ldc) {
+    const int16_t* x[TT];
+    const float* sx[TT];
+    const int16_t* q = static_cast<const int16_t*>(I);
+    const float* s = i8_s<int16_t>(I, M, K);
+    for (int t = 0; t < TT; ++t) {
+      x[t] = q + int64_t(t0 + t) * K;
+      sx[t] = s + int64_t(t0 + t) * (K / group);
+    }
+    i8_tile<R, TT>(w, sw, x, sx, kb0, kb1, group, c, ldc);
+  }
+  // the scales of row (n0 + j): int8 one row of K/group
+  static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row) * lds; }
+};
+
+struct Fp8Kn {
+  static constexpr Dtype dtype = Dtype::fp8;
+  static constexpr int kRowsOne = 8, kRows = 2;
+  template <int R, int TT>
+  static void tile(const int8_t* const* w, const float* const* sw, const void* I, int, int K, int,
+                   int kb0, int kb1, int t0, float* c, int ldc) {
+    const float* x[TT];
+    for (int t = 0; t < TT; ++t) x[t] = static_cast<const float*>(I) + int64_t(t0 + t) * K;
+    f8_tile<R, TT>(w, sw, x, kb0, kb1, c, ldc);
+  }
+  static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row / 128) * lds; }
+};
+
+// Rows [0, n) (row j at w0 + (n0 + j) * ldw) x all M tokens, K in blocks of kb (the tokens' slice
+// of a block stays in L1/L2 while every row tile passes over it; each W byte is read once):
+// c[j * M + m] accumulates, block by block.
+}  // namespace
+
+const QuantMicroKernel quant_microkernel_avx2_int8{
+    "avx2", Dtype::int8, "avx2", /*task_rows=*/64, i8_packed_bytes<int16_t>,
+    i8_pack_tokens<int16_t, 0>, i8_pack_act<int16_t, 0>,
+    q_gate_up<Int8Kn>, q_down<Int8Kn>};
+const QuantMicroKernel quant_microkernel_avx2_fp8{
+    "avx2", Dtype::fp8, "avx2", /*task_rows=*/64, f8_packed_bytes, f8_pack_tokens, f8_pack_act,
+    q_gate_up<Fp8Kn>, q_down<Fp8Kn>};
+
+}  // namespace hina

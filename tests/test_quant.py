@@ -1,0 +1,281 @@
+"""Quantization (hinabench.quant), the quantized kernels (kernels.moe_ffn_quant) against both
+references, the hostile inputs, and int8/fp8 through the harness."""
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hinabench import kernels, quant
+from hinabench.dtypes import get_dtype
+from hinabench.errors import UserError
+from hinabench.problems import FFNProblem
+from hinabench.problems.ffn import moe_ffn_reference
+from hinabench.problems.validate import rel_err
+
+AVX2 = kernels.isa_status("avx2")[0]
+needs_avx2 = pytest.mark.skipif(not AVX2, reason="this CPU lacks AVX2")
+# every quantized micro-kernel this machine can run: the real ones, and the AVX-512 VNNI source on SIMDe
+INT8_ISAS = [i for i in ("avx2", "avx512", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
+FP8_ISAS = [i for i in ("avx2",) if kernels.isa_status(i)[0]]
+ISAS = {"int8": INT8_ISAS, "fp8": FP8_ISAS}
+
+
+def _weights(E, N, K, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(E, N, K, generator=g) / math.sqrt(K)).bfloat16()
+
+
+def _routing(T, E, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(torch.int32)
+    w = torch.rand(T, k, generator=g) + 0.05
+    return ids, (w / w.sum(1, keepdim=True)).contiguous()
+
+
+# ---- quantization ----------------------------------------------------------------------------------
+@settings(max_examples=25, deadline=None)
+@given(E=st.integers(1, 3), N=st.integers(1, 40), kg=st.integers(1, 4), g=st.sampled_from([32, 64, 128]),
+       seed=st.integers(0, 2**16))
+def test_int8_groupwise_bounds_and_determinism(E, N, kg, g, seed):
+    K = kg * g
+    w = _weights(E, N, K, seed)
+    qw = quant.quantize_int8(w, g)
+    assert qw.q.dtype == torch.int8 and tuple(qw.q.shape) == (E, N, K)
+    assert tuple(qw.scale.shape) == (E, N, K // g) and qw.scale.dtype == torch.float32
+    assert int(qw.q.min()) >= -127 and int(qw.q.max()) <= 127
+    # every weight is within half a step of its dequantized value, and each group's max hits 127
+    err = (qw.dequantize() - w.float()).abs().view(E, N, K // g, g)
+    assert bool((err <= qw.scale.unsqueeze(3) * 0.5 * (1 + 1e-5) + 1e-30).all())
+    assert bool((qw.q.view(E, N, K // g, g).abs().amax(3) == 127).all())
+    again = quant.quantize_int8(w.clone(), g)
+    assert torch.equal(again.q, qw.q) and torch.equal(again.scale, qw.scale)
+    assert qw.nbytes == E * N * K + get_dtype("int8").scale_bytes(N, K, g) * E
+
+
+@settings(max_examples=20, deadline=None)
+@given(E=st.integers(1, 2), N=st.integers(1, 300), K=st.integers(1, 300), seed=st.integers(0, 2**16))
+def test_fp8_block_scales_deepseek_format(E, N, K, seed):
+    w = _weights(E, N, K, seed)
+    qw = quant.quantize_fp8(w)
+    assert qw.q.dtype == torch.float8_e4m3fn
+    assert tuple(qw.scale.shape) == (E, -(-N // 128), -(-K // 128))      # weight_scale_inv
+    assert bool(torch.isfinite(qw.q.float()).all())
+    # e4m3 keeps 3 mantissa bits: relative error <= 2^-4 per weight above the subnormal range
+    d, wf = qw.dequantize(), w.float()
+    full = qw.scale.repeat_interleave(128, 1)[:, :N].repeat_interleave(128, 2)[:, :, :K]
+    assert bool(((d - wf).abs() <= wf.abs() * 2**-4 + full * 2**-9 + 1e-30).all())
+    assert float(qw.q.float().abs().max()) <= 448
+
+
+def test_quantize_refuses_bad_groups_and_shapes():
+    with pytest.raises(UserError, match="group size"):
+        quant.quantize_int8(_weights(1, 4, 96), 48)
+    with pytest.raises(ValueError, match="does not divide"):
+        quant.quantize_int8(_weights(1, 4, 96), 64)
+    with pytest.raises(ValueError, match="floating point"):
+        quant.quantize_int8(torch.zeros(1, 4, 64, dtype=torch.int8), 32)
+
+
+def test_act_quantization_matches_its_definition():
+    x = torch.randn(3, 256).bfloat16()
+    q, s = quant.quantize_act(x, 64)
+    xf = x.float().view(3, 4, 64)
+    amax = xf.abs().amax(2)
+    assert torch.equal(s, amax / 127)
+    inv = torch.full_like(amax, 127.0) / amax     # correctly rounded, as the kernels divide
+    assert torch.equal(q.view(3, 4, 64).float(), torch.round(xf * inv.unsqueeze(2)))
+    zq, zs = quant.quantize_act(torch.zeros(2, 64), 32)      # an all-zero group: scale 0, q 0
+    assert not zq.any() and not zs.any()
+
+
+# ---- kernels against both references ---------------------------------------------------------------
+def _check_kernel(scheme, g, E, H, I, T, k, seed=0, threads=2, isa="avx2"):
+    w13, wd = _weights(E, 2 * I, H, seed), _weights(E, H, I, seed + 1)
+    x = torch.randn(T, H, generator=torch.Generator().manual_seed(seed + 2)).bfloat16()
+    ids, tw = _routing(T, E, k, seed)
+    q13, qd = quant.quantize(w13, scheme, g), quant.quantize(wd, scheme, g)
+    qref = quant.moe_ffn_quant_reference(x, q13.rows(0, I), q13.rows(I, 2 * I), qd, ids, tw)
+    ref = moe_ffn_reference(x, w13[:, :I], w13[:, I:], wd, ids, tw)
+    out = kernels.moe_ffn_quant(x, q13, qd, ids, tw, isa=isa, threads=threads)
+    err, qerr = rel_err(out, qref), rel_err(qref, ref)
+    tol = get_dtype(scheme).tolerance
+    assert err <= tol, f"{isa} {scheme} g{g} E{E} H{H} I{I} T{T}: rel_err {err:.3g} against the quantized reference"
+    # the scheme's own error is larger than the kernel's, and bounded (it is the scheme, not a bug)
+    assert qerr < (0.04 if scheme == "int8" else 0.08)
+    return err, qerr
+
+
+@pytest.mark.parametrize("isa", sorted(set(INT8_ISAS + FP8_ISAS)))
+@pytest.mark.parametrize("scheme,g", [("int8", 32), ("int8", 64), ("int8", 128), ("fp8", 128)])
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 9, 17])
+def test_quant_kernel_matches_the_quantized_reference(isa, scheme, g, T):
+    if isa not in ISAS[scheme]:
+        pytest.skip(f"no {scheme} micro-kernel for {isa}")
+    _check_kernel(scheme, g, E=4, H=256, I=384, T=T, k=2, isa=isa)
+
+
+def test_the_emulated_int8_kernels_are_built():
+    """The AVX-512 VNNI and AMX-INT8 sources run here through SIMDe / the tile emulator (when the
+    emulated modules were built)."""
+    for isa in ("avx512-emulated", "amx-emulated"):
+        if kernels.isa_status(isa)[0]:
+            _check_kernel("int8", 32, E=2, H=128, I=128, T=3, k=2, isa=isa)
+
+
+@needs_avx2
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scheme=st.sampled_from(["int8", "fp8"]), g=st.sampled_from([32, 64, 128]),
+       h=st.integers(1, 12), i=st.integers(1, 12), T=st.integers(1, 20), E=st.integers(1, 5),
+       threads=st.integers(1, 3), seed=st.integers(0, 1000), which=st.integers(0, 7))
+def test_quant_kernel_random_shapes(scheme, g, h, i, T, E, threads, seed, which):
+    if scheme == "fp8":
+        g = 128
+    isas = ISAS[scheme]
+    isa = isas[which % len(isas)]
+    H, I = h * 128, i * 128
+    if isa.endswith("-emulated"):   # SIMDe and the tile emulator are slow: keep the emulated shapes small
+        H, I = min(H, 512), min(I, 512)
+    _check_kernel(scheme, g, E=E, H=H, I=I, T=T, k=min(E, 2), seed=seed, threads=threads, isa=isa)
+
+
+@pytest.mark.parametrize("model,dtype,isa", [
+    ("qwen3-30b-a3b", "int8", "avx2"), ("mixtral-8x7b", "int8", "avx2"),
+    ("qwen3-30b-a3b", "fp8", "avx2"), ("mixtral-8x7b", "fp8", "avx2"),
+    ("qwen3-30b-a3b", "int8", "avx512-emulated"), ("qwen3-30b-a3b", "int8", "amx-emulated")])
+def test_quant_kernel_on_registry_shapes(model, dtype, isa):
+    """The registry's expert shapes, through the problem (materialize quantizes as the framework would)."""
+    if not kernels.isa_status(isa)[0]:
+        pytest.skip(f"{isa} cannot run here")
+    p = FFNProblem.create(model, 3, active_experts=1, dtype=dtype)
+    d = p.materialize(rotate=False)
+    out = kernels.moe_ffn_quant(d.x, d.q13, d.qdown, d.topk_ids[0], d.topk_weights, isa=isa, threads=2)
+    assert rel_err(out, d.reference(0)) <= p.tolerance
+    assert 0 < d.quant_err(0) < 0.08
+
+
+# ---- hostile inputs ----------------------------------------------------------------------------------
+@needs_avx2
+def test_hostile_inputs_raise_clear_errors():
+    E, H, I, T = 2, 256, 256, 3
+    w13, wd = _weights(E, 2 * I, H), _weights(E, H, I)
+    x = torch.randn(T, H).bfloat16()
+    ids, tw = _routing(T, E, 2)
+    q13, qd = quant.quantize_int8(w13, 64), quant.quantize_int8(wd, 64)
+    run = lambda a, b: kernels.moe_ffn_quant(x, a, b, ids, tw, isa="avx2")  # noqa: E731
+    # scales that do not match the group size
+    bad = quant.QuantWeight("int8", q13.q, q13.scale[:, :, :2].contiguous(), 64)
+    with pytest.raises(ValueError, match="scales have shape"):
+        run(bad, qd)
+    liar = quant.QuantWeight("int8", q13.q, q13.scale, 128)   # says 128, scales are for 64
+    with pytest.raises(ValueError, match="scales have shape"):
+        run(liar, quant.QuantWeight("int8", qd.q, qd.scale, 128))
+    # a group that does not divide H or I
+    q96 = quant.QuantWeight("int8", torch.zeros(E, 2 * 96, H, dtype=torch.int8), torch.ones(E, 192, 2), 128)
+    with pytest.raises(ValueError, match="must divide"):
+        kernels.moe_ffn_quant(x, q96, quant.QuantWeight("int8", torch.zeros(E, H, 96, dtype=torch.int8),
+                                                          torch.ones(E, H, 1), 128), ids, tw, isa="avx2")
+    # int8 weights passed as bf16, and bf16 passed as int8
+    fake = quant.QuantWeight("int8", w13, q13.scale, 64)
+    with pytest.raises(ValueError, match="must be a torch.int8"):
+        run(fake, qd)
+    with pytest.raises(ValueError, match="QuantWeight"):
+        run(w13, qd)
+    with pytest.raises(ValueError, match="moe_ffn_quant"):
+        kernels.moe_ffn(x, None, None, qd.q, ids, tw, w13=q13.q, isa="avx2")
+    # mixed schemes / groups, fp8 with another block
+    with pytest.raises(ValueError, match="group"):
+        run(q13, quant.quantize_int8(wd, 32))
+    f13 = quant.quantize_fp8(w13)
+    with pytest.raises(ValueError, match="is fp8"):
+        run(f13, qd)
+    with pytest.raises(ValueError, match="128x128"):
+        kernels.moe_ffn_quant(x, quant.QuantWeight("fp8", f13.q, f13.scale, 64),
+                              quant.QuantWeight("fp8", quant.quantize_fp8(wd).q, quant.quantize_fp8(wd).scale, 64),
+                              ids, tw, isa="avx2")
+    with pytest.raises(ValueError, match="outside"):
+        kernels.moe_ffn_quant(x, q13, qd, ids + 5, tw, isa="avx2")
+
+
+def test_problem_validates_the_scheme():
+    with pytest.raises(UserError, match="group size"):
+        FFNProblem.create("qwen3-30b-a3b", 1, dtype="int8", group=48)
+    with pytest.raises(UserError, match="no scales"):
+        FFNProblem.create("qwen3-30b-a3b", 1, dtype="bf16", group=64)
+    with pytest.raises(UserError, match="128x128"):
+        FFNProblem.create("qwen3-30b-a3b", 1, dtype="fp8", group=64)
+    p = FFNProblem.create("mixtral-8x7b", 1, dtype="int8", group=32)
+    # bytes judged on weights + fp32 scales: 1 + 4/32 bytes per weight
+    assert p.weight_bytes == 2 * 3 * 4096 * 14336 * (1 + 4 / 32)
+    assert p.key()["quant_group"] == 32 and p.key()["scale_dtype"] == "float32"
+    f = FFNProblem.create("mixtral-8x7b", 1, dtype="fp8")
+    assert f.weight_bytes == 2 * (3 * 4096 * 14336 + 4 * (2 * 112 * 32 + 32 * 112))
+    assert FFNProblem.from_dict(p.to_dict()).key() == p.key()
+
+
+# ---- the harness: int8 and fp8 rows ------------------------------------------------------------------
+@needs_avx2
+def test_ffn_command_int8_fp8_rows(tmp_path):
+    from clihelp import invoke, read_csv
+    out = tmp_path / "q.csv"
+    r = invoke("ffn", "--model", "qwen3-30b-a3b", "--backends", "hina:avx2,torch:dequant,torch",
+               "--dtype", "bf16,int8,fp8", "--group", "64", "--tokens", "1,3", "--rounds", "1",
+               "--min-time", "0.01", "--warmup", "1", "--threads", "1", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    rows = read_csv(out)
+    by = {(x["backend"], x["dtype"], x["tokens_per_expert"]): x for x in rows}
+    for dt, g in (("int8", "64"), ("fp8", "128")):
+        for t in ("1", "3"):
+            for b in ("hina:avx2", "torch:dequant"):
+                row = by[(b, dt, t)]
+                assert row["status"] == "ok", row["reason"]
+                assert row["quant_group"] == g and row["scale_dtype"] == "float32"
+                assert 0 < float(row["quant_err"]) < 0.08 and float(row["rel_err"]) <= 5e-3
+            assert by[("torch", dt, t)]["status"] == "unsupported"
+    assert by[("hina:avx2", "bf16", "1")]["quant_group"] == "" and by[("hina:avx2", "bf16", "1")]["quant_err"] == ""
+    # bytes judged on weights + scales (int8 at g 64: 1 + 4/64 bytes per weight)
+    p = FFNProblem.create("qwen3-30b-a3b", 1, dtype="int8", group=64)
+    assert int(by[("hina:avx2", "int8", "1")]["weight_bytes"]) == p.weight_bytes
+    # Figure 11 from those rows: no kt row, so over the best validated peer, named in the caption
+    r = invoke("figure", "fig11", str(out), "--out", str(tmp_path / "fig"))
+    assert r.exit_code == 0, r.output
+    caption = (tmp_path / "fig" / "fig11.txt").read_text()
+    assert "no KTransformers int8 row ran here" in caption and "torch:dequant" in caption
+    assert (tmp_path / "fig" / "fig11.png").stat().st_size > 0
+
+
+def test_fig11_prefers_kt_and_never_ranks_wrong_rows():
+    import pandas as pd
+    from hinabench.report.figures import fig11_speedups
+    rows = [
+        dict(model="m", tokens_per_expert=1, dtype="int8", backend="hina:avx2", status="ok", median_ms=10.0),
+        dict(model="m", tokens_per_expert=1, dtype="int8", backend="torch:dequant", status="ok", median_ms=15.0),
+        dict(model="m", tokens_per_expert=1, dtype="int8", backend="kt:int8", status="ok", median_ms=30.0),
+        dict(model="m", tokens_per_expert=1, dtype="int8", backend="vllm:x", status="wrong", median_ms=1.0),
+        dict(model="m", tokens_per_expert=1, dtype="fp8", backend="hina:avx2", status="ok", median_ms=10.0),
+        dict(model="m", tokens_per_expert=1, dtype="fp8", backend="vllm:x", status="wrong", median_ms=1.0),
+        dict(model="m", tokens_per_expert=1, dtype="fp8", backend="torch:dequant", status="ok", median_ms=40.0),
+    ]
+    sp = fig11_speedups(pd.DataFrame(rows))
+    note, pts = sp["int8"]
+    assert "over KTransformers (kt:int8)" in note and pts[0][3] == "kt:int8" and pts[0][4] == 3.0
+    note, pts = sp["fp8"]
+    assert "best validated fp8 peer" in note and pts[0][3] == "torch:dequant" and pts[0][4] == 4.0
+
+
+def test_quant_targets_are_judged_and_missing_comparisons_are_na():
+    from hinabench.report.targets import judge_quant
+
+    def r(dt, b, T, ms, status="ok", eff=None, mad=0.1):
+        return dict(op="ffn", model="m", dtype=dt, backend=b, tokens_per_expert=T, threads=2, status=status,
+                    median_ms=ms, mad_ms=mad, efficiency=eff, roofline_ms=1.0, bound="memory")
+    rows = [r("bf16", "hina:avx2", 1, 20.0, eff=0.9), r("int8", "hina:avx2", 1, 10.0, eff=0.9),
+            r("fp8", "hina:avx2", 1, 12.0, eff=0.8), r("int8", "hina:avx2", 8, 30.0, eff=0.5),
+            r("int8", "torch:dequant", 8, 300.0), r("int8", "llamacpp:q8_0", 8, 1.0, status="unavailable")]
+    v = {(x.T, x.target): x for x in judge_quant(rows, "hina:avx2")}
+    assert v[(1, "int8 efficiency")].verdict == "pass"
+    assert v[(1, "int8 vs bf16")].verdict == "pass" and v[(1, "int8 vs bf16")].got == "2.00x"
+    assert v[(1, "fp8 vs int8")].verdict == "fail"               # 10/12 = 0.83x < 0.9x
+    assert v[(8, "int8 peers")].verdict == "pass"
+    assert v[(8, "vs q8_0")].verdict == "n/a" and v[(1, "vs q8_0")].verdict == "n/a"
