@@ -1,0 +1,272 @@
+"""Figures 12, 13, 14 and Table 4 from stored end-to-end rows (op = e2e), never from a live run.
+
+Per-layer cost comes from two depths of the same model, engine and batch: (t(N2) - t(N1)) / (N2 - N1),
+so the embedding and the LM head (151936 x 2048 for Qwen3) do not dominate a few-layer model. A
+full-depth figure is t(N1) + (L - N1) x per-layer, always labelled *projected*.
+fig12  decode speed at batch 1 per model and engine (projected full depth) and the per-layer step
+fig13  decode tokens/s by batch (left) and the share of a decode step in the MoE experts and attention (right)
+fig14  the ablation: baseline (transformers) -> +m (HiNa expert FFN) -> +m+a (HiNa attention), per-layer
+table4 prefill throughput (tokens/s) by prompt length, batch 1
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import UserError
+from ..harness.store import load_frame
+
+NUM = ("layers", "batch_size", "prompt_tokens", "gen_tokens", "full_layers", "median_ms", "mad_ms", "tokens_per_s",
+       "ffn_share", "attn_share", "ffn_ms", "attn_ms", "ttft_ms", "tpot_ms", "read_gbps", "layer_bytes",
+       "step_bytes", "rel_err", "samples")
+ABLATION = (("baseline", "hf"), ("+m", "hina"), ("+m+a", "hina+a"))
+
+
+def e2e_points(df):
+    """Every end-to-end row (all statuses), numbers as numbers."""
+    import pandas as pd
+    if "op" not in df:
+        return df.iloc[0:0]
+    df = df[df["op"] == "e2e"].copy()
+    for c in NUM:
+        if c in df:
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df
+
+
+def _load(results, frame):
+    df = e2e_points(load_frame(results) if frame is None else frame)
+    if df.empty:
+        raise UserError("no end-to-end rows (op e2e) in the results given: run `hinabench e2e` first")
+    from ..report.figures import _one_machine
+    _one_machine(df, "the end-to-end figures")
+    return df
+
+
+def per_layer(df, phase: str = "decode"):
+    """Rows of (model, engine, batch, prompt, per_layer_ms, mad_ms, depths, t_ms at the shallowest depth,
+    full_layers): the per-layer cost from the two shallowest depths with ok rows."""
+    import pandas as pd
+    ok = df[(df["status"] == "ok") & (df["phase"] == phase)]
+    out = []
+    for (model, eng, b, p), g in ok.groupby(["model", "backend", "batch_size", "prompt_tokens"]):
+        g = g.sort_values("layers")
+        depths = list(dict.fromkeys(g["layers"]))
+        if len(depths) < 2:
+            r = g.iloc[0]
+            out.append(dict(model=model, engine=eng, batch=int(b), prompt=int(p), per_layer_ms=None, mad_ms=None,
+                            depths=f"{int(depths[0])}", t1_ms=r["median_ms"], n1=int(depths[0]),
+                            full_layers=int(r["full_layers"]), projected_ms=None))
+            continue
+        r1, r2 = g[g["layers"] == depths[0]].iloc[-1], g[g["layers"] == depths[1]].iloc[-1]
+        n1, n2 = int(depths[0]), int(depths[1])
+        pl = (r2["median_ms"] - r1["median_ms"]) / (n2 - n1)
+        mad = ((r1["mad_ms"] ** 2 + r2["mad_ms"] ** 2) ** 0.5) / (n2 - n1)
+        L = int(r1["full_layers"])
+        out.append(dict(model=model, engine=eng, batch=int(b), prompt=int(p), per_layer_ms=pl, mad_ms=mad,
+                        depths=f"{n1},{n2}", t1_ms=r1["median_ms"], n1=n1, full_layers=L,
+                        projected_ms=r1["median_ms"] + (L - n1) * pl))
+    return pd.DataFrame(out)
+
+
+def _status_notes(df, engines=None) -> list[str]:
+    notes = []
+    bad = df[df["status"] != "ok"]
+    for eng, g in bad.groupby("backend"):
+        if engines and eng not in engines:
+            continue
+        notes.append(f"{eng}: {g['status'].iloc[0]} ({str(g['reason'].iloc[0])[:150]})")
+    return notes
+
+
+def _caption(df, what: str, notes: list[str]) -> str:
+    fp = str(df["fingerprint"].dropna().iloc[0]) if "fingerprint" in df and df["fingerprint"].notna().any() else ""
+    return "\n".join([what, fp] + notes)
+
+
+def fig12(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from ..report.figures import _save
+    df = _load(results, frame)
+    pl = per_layer(df)
+    pl = pl[pl["batch"] == 1] if len(pl) else pl
+    if pl.empty:
+        raise UserError("fig12 needs ok decode rows at batch 1")
+    models = list(dict.fromkeys(pl["model"]))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    engines = list(dict.fromkeys(pl["engine"]))
+    w = 0.8 / max(len(engines), 1)
+    for i, eng in enumerate(engines):
+        for j, m in enumerate(models):
+            r = pl[(pl["engine"] == eng) & (pl["model"] == m)]
+            if r.empty:
+                continue
+            r = r.iloc[0]
+            if r["projected_ms"] is not None and r["projected_ms"] == r["projected_ms"]:
+                axes[0].bar(j + i * w, 1000 / r["projected_ms"], w, label=eng if j == 0 else None, color=f"C{i}")
+                axes[1].bar(j + i * w, r["per_layer_ms"], w, yerr=r["mad_ms"], color=f"C{i}",
+                            label=eng if j == 0 else None)
+            else:
+                axes[1].bar(j + i * w, r["t1_ms"] / r["n1"], w, color=f"C{i}", hatch="//",
+                            label=f"{eng} (one depth: step/N)" if j == 0 else None)
+    for ax in axes:
+        ax.set_xticks([j + 0.4 - w / 2 for j in range(len(models))], models)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("tokens/s, full depth (PROJECTED from two depths)")
+    axes[1].set_ylabel("decode ms per layer, batch 1 (median, +- MAD)")
+    fig.suptitle("Figure 12: end-to-end decode, batch 1")
+    notes = _status_notes(df)
+    cap = _caption(df, "Per-layer = (t(N2)-t(N1))/(N2-N1) of TPOT; full depth projected = t(N1) + (L-N1) x per-layer.", notes)
+    fig.text(0.01, 0.01, cap, fontsize=6, va="bottom")
+    fig.tight_layout(rect=(0, 0.03 + 0.025 * len(notes), 1, 0.95))
+    return _save(fig, "fig12", results, out_dir, cap, df)
+
+
+def fig13(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from ..report.figures import _save
+    df = _load(results, frame)
+    dec = df[(df["phase"] == "decode") & (df["status"] == "ok")]
+    if dec.empty:
+        raise UserError("fig13 needs ok decode rows")
+    model = dec["model"].iloc[0]
+    dec = dec[dec["model"] == model]
+    depth = int(dec["layers"].max())
+    dec = dec[dec["layers"] == depth]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    engines = list(dict.fromkeys(dec["backend"]))
+    for i, eng in enumerate(engines):
+        g = dec[dec["backend"] == eng].sort_values("batch_size")
+        axes[0].plot(g["batch_size"], g["tokens_per_s"], "o-", label=eng, color=f"C{i}")
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_xlabel("batch (sequences)")
+    axes[0].set_ylabel(f"decode tokens/s ({depth} layers, measured)")
+    axes[0].legend(fontsize=8)
+    sh = dec[dec["ffn_share"].notna()]
+    batches = sorted(set(sh["batch_size"].astype(int)))
+    eng_sh = list(dict.fromkeys(sh["backend"]))
+    w = 0.8 / max(len(eng_sh), 1)
+    for i, eng in enumerate(eng_sh):
+        g = sh[sh["backend"] == eng].set_index("batch_size")
+        xs = [k + i * w for k in range(len(batches))]
+        ffn = [100 * g.loc[b, "ffn_share"] if b in g.index else 0 for b in batches]
+        att = [100 * g.loc[b, "attn_share"] if b in g.index else 0 for b in batches]
+        axes[1].bar(xs, ffn, w, color=f"C{i}", label=f"{eng}: MoE experts")
+        axes[1].bar(xs, att, w, bottom=ffn, color=f"C{i}", alpha=0.4, hatch="..", label=f"{eng}: attention")
+    axes[1].set_xticks([k + 0.4 - w / 2 for k in range(len(batches))], [str(b) for b in batches])
+    axes[1].set_xlabel("batch")
+    axes[1].set_ylabel("% of a decode step (timers around the blocks)")
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"Figure 13: batch decoding, {model}, {depth} layers")
+    notes = _status_notes(df[df["model"] == model])
+    cap = _caption(df, f"{model} with {depth} layers (the LM head is in every step: shares are of the whole step).", notes)
+    fig.text(0.01, 0.01, cap, fontsize=6, va="bottom")
+    fig.tight_layout(rect=(0, 0.03 + 0.025 * len(notes), 1, 0.95))
+    return _save(fig, "fig13", results, out_dir, cap, df)
+
+
+def ablation(df):
+    """(model, step, engine, per-layer ms or None, speedup over baseline or None, status/reason)."""
+    pl = per_layer(df)
+    out = []
+    for model in dict.fromkeys(df["model"]):
+        base = pl[(pl["model"] == model) & (pl["engine"] == "hf") & (pl["batch"] == 1)] if len(pl) else pl
+        b = base.iloc[0]["per_layer_ms"] if len(base) else None
+        for step, eng in ABLATION:
+            r = pl[(pl["model"] == model) & (pl["engine"] == eng) & (pl["batch"] == 1)] if len(pl) else pl
+            v = r.iloc[0]["per_layer_ms"] if len(r) else None
+            rows = df[(df["model"] == model) & (df["backend"] == eng)]
+            why = "" if len(r) else (f"{rows['status'].iloc[0]}: {rows['reason'].iloc[0]}" if len(rows) else "not run")
+            out.append(dict(model=model, step=step, engine=eng, per_layer_ms=v,
+                            speedup=(b / v) if (b and v) else None, why=why))
+    return out
+
+
+def fig14(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from ..report.figures import _save
+    df = _load(results, frame)
+    ab = ablation(df)
+    if not any(a["speedup"] for a in ab):
+        raise UserError("fig14 needs ok decode rows of hf and hina at batch 1 at two depths")
+    models = list(dict.fromkeys(a["model"] for a in ab))
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    w = 0.25
+    for i, (step, _) in enumerate(ABLATION):
+        for j, m in enumerate(models):
+            a = next(x for x in ab if x["model"] == m and x["step"] == step)
+            if a["speedup"]:
+                ax.bar(j + i * w, a["speedup"], w, color=f"C{i}", label=step if j == 0 else None)
+                ax.text(j + i * w, a["speedup"], f"{a['speedup']:.2f}x", ha="center", va="bottom", fontsize=8)
+            else:
+                ax.text(j + i * w, 0.05, f"{step}: {a['why'][:40]}", rotation=90, fontsize=6, ha="center", va="bottom")
+    ax.set_xticks([j + w for j in range(len(models))], models)
+    ax.set_ylabel("per-layer decode speedup over transformers (batch 1)")
+    ax.legend(fontsize=8)
+    fig.suptitle("Figure 14: decode ablation (baseline -> +m -> +m+a)")
+    notes = [f"{a['model']} {a['step']}: {a['why'][:150]}" for a in ab if not a["speedup"] and a["step"] != "baseline"]
+    cap = _caption(df, "baseline = transformers' default experts (hf); +m = HiNa expert FFN via ExpertsInterface; "
+                       "+m+a = also HiNa decode attention.", notes)
+    fig.text(0.01, 0.01, cap, fontsize=6, va="bottom")
+    fig.tight_layout(rect=(0, 0.04 + 0.025 * len(notes), 1, 0.95))
+    return _save(fig, "fig14", results, out_dir, cap, df)
+
+
+def table4_rows(df):
+    """Prefill throughput rows: ok prefill rows at batch 1, tokens/s by prompt length."""
+    p = df[(df["phase"] == "prefill") & (df["batch_size"] == 1)]
+    return p
+
+
+def table4(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from ..report.figures import _save
+    df = _load(results, frame)
+    p = table4_rows(df)
+    p = p[p["status"] == "ok"]
+    if p.empty:
+        raise UserError("table4 needs ok prefill rows at batch 1 (hinabench e2e --prefill 512,1024,...)")
+    text = table4_markdown(p)
+    fig, ax = plt.subplots(figsize=(10, 0.5 + 0.3 * text.count("\n")))
+    ax.axis("off")
+    ax.text(0, 1, text, family="monospace", fontsize=8, va="top")
+    fig.suptitle("Table 4: prefill throughput (tokens/s, batch 1)")
+    cap = _caption(df, "tokens/s = P / TTFT (median over rounds); per model and depth.", [])
+    return _save(fig, "table4", results, out_dir, cap, df)
+
+
+def table4_markdown(p) -> str:
+    lines = ["| model | layers | engine | " + " | ".join(f"P={int(x)}" for x in sorted(set(p["prompt_tokens"]))) + " |"]
+    Ps = sorted(set(p["prompt_tokens"]))
+    lines.append("|---" * (3 + len(Ps)) + "|")
+    for (m, L, eng), g in p.groupby(["model", "layers", "backend"]):
+        g = g.set_index("prompt_tokens")
+        cells = [f"{g.loc[x, 'tokens_per_s']:.0f}" if x in g.index else "" for x in Ps]
+        lines.append(f"| {m} | {int(L)} | {eng} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary_table(rows: list[dict]) -> str:
+    """The rows just measured, as Markdown: median +- MAD, tokens/s, shares, status."""
+    lines = ["| model | layers | engine | phase | B | P | median ms | MAD | tok/s | FFN % | attn % | rel_err | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def f(v, fmt):
+        try:
+            return format(float(v), fmt)
+        except (TypeError, ValueError):
+            return ""
+    for r in rows:
+        share = lambda k: f(100 * float(r[k]), ".0f") if r.get(k) is not None else ""  # noqa: E731
+        lines.append(f"| {r['model']} | {r['layers']} | {r['backend']} | {r['phase']} | {r['batch_size']} | "
+                     f"{r['prompt_tokens']} | {f(r.get('median_ms'), '.1f')} | {f(r.get('mad_ms'), '.1f')} | "
+                     f"{f(r.get('tokens_per_s'), '.1f')} | {share('ffn_share')} | {share('attn_share')} | "
+                     f"{f(r.get('rel_err'), '.1e')} | {r['status']}{(': ' + str(r['reason'])[:60]) if r.get('reason') else ''} |")
+    return "\n".join(lines)
