@@ -3,7 +3,7 @@
 A checkpoint is config.json (the model's public config with num_hidden_layers = N), safetensors
 shards in the Hub's own tensor names (one shard per layer, one for the embedding, norm and LM head:
 transformers, vLLM and llama.cpp's converter all read that layout) and a tokenizer whose vocabulary
-is the model's (`t0 ... t{V-1}`, one word per id, so any id sequence round-trips). The weights come from
+is the model's (`<0> ... <V-1>`, one word per id, so any id sequence round-trips). The weights come from
 the project's seeded fill (problems.base.fill_bf16 over seed_for(seed, tensor name)), so the same
 (config, seed) gives the same bytes in any process. Written once, under a folder named by a hash of
 the config, the seed and this writer's version; a finished checkpoint has a `.complete` marker.
@@ -29,7 +29,7 @@ import torch
 from ..errors import UserError
 from ..models import Model, get_model
 
-WRITER_VERSION = 1
+WRITER_VERSION = 2
 
 # The config.json fields the registry does not carry, from the same public configs (models.py `source`).
 HF_CONFIGS: dict[str, dict] = {
@@ -56,12 +56,15 @@ HF_CONFIGS: dict[str, dict] = {
     },
 }
 E2E_MODELS = tuple(HF_CONFIGS)
+# Other registry entries that take one of the configurations above (a small test model: its family)
+FAMILIES: dict[str, str] = {}
 
 
 def hf_config(model: str | Model, layers: int) -> dict:
     """The model's config.json with `layers` decoder layers (every one of them an MoE layer)."""
     m = model if isinstance(model, Model) else get_model(model)
-    if m.name not in HF_CONFIGS:
+    family = FAMILIES.get(m.name, m.name)
+    if family not in HF_CONFIGS:
         raise UserError(f"no end-to-end configuration for {m.name}; these have one: {', '.join(E2E_MODELS)}")
     if not (1 <= int(layers) <= m.layers):
         raise UserError(f"--layers must be between 1 and {m.layers} for {m.name} (got {layers})")
@@ -69,11 +72,17 @@ def hf_config(model: str | Model, layers: int) -> dict:
            "num_attention_heads": m.attention_heads, "num_key_value_heads": m.kv_heads, "head_dim": m.head_dim,
            "vocab_size": m.vocab_size, "num_experts_per_tok": m.top_k, "torch_dtype": "bfloat16",
            "initializer_range": 0.02, "use_cache": True, "attention_dropout": 0.0}
-    if m.name == "mixtral-8x7b":
+    if family == "mixtral-8x7b":
         cfg.update(intermediate_size=m.intermediate_size, num_local_experts=m.routed_experts)
     else:
         cfg.update(moe_intermediate_size=m.intermediate_size, num_experts=m.routed_experts)
-    cfg.update(HF_CONFIGS[m.name])
+    cfg.update(HF_CONFIGS[family])
+    if family != m.name:   # a small model of this family: its own sizes where the family has some
+        cfg.update(intermediate_size=4 * m.hidden_size, bos_token_id=1, eos_token_id=2)
+        if "shared_expert_intermediate_size" in cfg:
+            cfg["shared_expert_intermediate_size"] = 2 * m.intermediate_size
+        if family == "mixtral-8x7b":
+            cfg["intermediate_size"] = m.intermediate_size
     return cfg
 
 
@@ -158,20 +167,25 @@ def _make_tensor(name: str, shape: tuple[int, ...], scale: float, seed: int) -> 
     return t
 
 
+def word(i: int) -> str:
+    """The tokenizer's word for id i: `<i>` (bracketed, so no special token is a prefix of another word)."""
+    return f"<{i}>"
+
+
 def write_tokenizer(path: Path, vocab_size: int, bos: int, eos: int) -> None:
-    """A word-level tokenizer whose vocabulary is exactly the model's ids: word `t{i}` is id i."""
+    """A word-level tokenizer whose vocabulary is exactly the model's ids: word `<i>` is id i."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    vocab = {f"t{i}": i for i in range(vocab_size)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    vocab = {word(i): i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=word(0)))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")   # joins words with spaces
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": f"t{bos}", "eos_token": f"t{eos}",
-        "unk_token": "t0", "pad_token": f"t{eos}", "model_max_length": 1 << 20, "clean_up_tokenization_spaces": False,
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": word(bos), "eos_token": word(eos),
+        "unk_token": word(0), "pad_token": word(eos), "model_max_length": 1 << 20, "clean_up_tokenization_spaces": False,
     }, indent=1))
     (path / "special_tokens_map.json").write_text(json.dumps(
-        {"bos_token": f"t{bos}", "eos_token": f"t{eos}", "unk_token": "t0", "pad_token": f"t{eos}"}))
+        {"bos_token": word(bos), "eos_token": word(eos), "unk_token": word(0), "pad_token": word(eos)}))
 
 
 def checkpoint(model: str, layers: int, seed: int = 0, root: Path | None = None, echo=None) -> Checkpoint:

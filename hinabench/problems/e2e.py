@@ -64,8 +64,9 @@ class E2EProblem(Problem):
         m, b = self.model, 2
         experts = experts_touched * m.expert_bytes(b)
         shared = 0
-        if m.name == "qwen2-57b-a14b":
-            shared = 3 * m.hidden_size * 20480 * b
+        if m.shared_experts:
+            from ..e2e.checkpoint import hf_config
+            shared = 3 * m.hidden_size * hf_config(m, 1).get("shared_expert_intermediate_size", 0) * b
         qkv, o = m.projections()["qkv"], m.projections()["o"]
         proj = (qkv[0] * qkv[1] + o[0] * o[1]) * b
         router = m.routed_experts * m.hidden_size * b
