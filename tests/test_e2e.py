@@ -95,19 +95,20 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
     monkeypatch.setenv("HINABENCH_ENVS", str(tmp_path / "no-envs"))   # vllm/llamacpp: unavailable, said so
     out = tmp_path / "e2e.csv"
     r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1,2", "--prompt", "8", "--gen", "4", "--batch", "1,2",
-               "--engines", "hina,hf,hina+a,vllm,llamacpp,ipex,kt", "--prefill", "16", "--rounds", "1", "--out", str(out))
+               "--engines", "hina,hf,hina+l,hina+a,vllm,llamacpp,ipex,kt", "--prefill", "16", "--rounds", "1", "--out", str(out))
     assert r.exit_code == 0, r.output
     rows = read_csv(out)
     by = {}
     for row in rows:
         by.setdefault(row["backend"], []).append(row)
-    assert set(by) == {"hina", "hf", "hina+a", "vllm", "llamacpp:bf16", "llamacpp:q8_0", "ipex", "kt"}
-    for eng in ("hina", "hf"):
+    assert set(by) == {"hina", "hf", "hina+l", "hina+a", "vllm", "llamacpp:bf16", "llamacpp:q8_0", "ipex", "kt"}
+    for eng in ("hina", "hf", "hina+l"):
         dec = [x for x in by[eng] if x["phase"] == "decode"]
         assert len(dec) == 4 and all(x["status"] == "ok" and float(x["median_ms"]) > 0 for x in dec)
         assert all(0 < float(x["ffn_share"]) < 1 and float(x["tokens_per_s"]) > 0 for x in dec)
         assert all(x["command"].startswith("hinabench e2e") and x["checkpoint_hash"] for x in by[eng])
-        assert {int(x["prompt_tokens"]) for x in by[eng] if x["phase"] == "prefill"} == {8, 16}
+        assert {int(x["prompt_tokens"]) for x in by[eng] if x["phase"] == "prefill"} == ({8, 16} if eng != "hina+l" else {8})
+    assert all(x["status"] == "ok" and float(x["rel_err"]) < 0.03 for x in by["hina+l"])
     assert all(x["status"] == "unsupported" and "attention" in x["reason"] for x in by["hina+a"])
     assert all(x["status"] == "unavailable" and "hinabench env create vllm" in x["reason"] for x in by["vllm"])
     assert all(x["status"] in ("unsupported", "unavailable") and x["reason"] for x in by["ipex"] + by["kt"])

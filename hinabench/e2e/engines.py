@@ -2,6 +2,7 @@
 
   hf            transformers eager, as shipped (its default experts implementation), in this process
   hina          the same model with dropin.py (the HiNa expert FFN through transformers' experts interface)
+  hina+l        hina plus the dense projections (q/k/v/o, LM head) on the HiNa linear kernel
   hina+a        hina plus decode attention through transformers' attention interface: needs issue 14's kernel
   vllm          vLLM-CPU on the same checkpoint, in the `vllm` environment (vllm_run.py)
   llamacpp:bf16, llamacpp:q8_0   a GGUF of the same weights (gguf_writer.py) through llama-cpp-python
@@ -10,11 +11,12 @@
 """
 from __future__ import annotations
 
-ENGINES = ("hina", "hf", "hina+a", "vllm", "llamacpp:bf16", "llamacpp:q8_0", "ipex", "kt")
-IN_PROCESS = ("hf", "hina")
+ENGINES = ("hina", "hf", "hina+l", "hina+a", "vllm", "llamacpp:bf16", "llamacpp:q8_0", "ipex", "kt")
+IN_PROCESS = ("hf", "hina", "hina+l")
 DESCRIPTIONS = {
     "hf": "transformers eager (its default experts implementation), bf16",
     "hina": "transformers + the HiNa expert FFN via ExpertsInterface (hinabench/e2e/dropin.py), bf16",
+    "hina+l": "hina + the dense projections and LM head on the HiNa linear kernel (dropin_linear.py), bf16",
     "hina+a": "hina + HiNa decode attention via transformers' attention interface",
     "vllm": "vLLM-CPU (bf16, eager, its own process and env)",
     "llamacpp:bf16": "llama.cpp via llama-cpp-python, GGUF BF16 of the same weights",
@@ -50,7 +52,7 @@ def status(engine: str) -> tuple[str, str]:
             from transformers.integrations.moe import ExpertsInterface  # noqa: F401
         except ImportError as e:
             return "unavailable", f"transformers with an experts interface (>= 5) is not installed ({e}): pip install -e '.[e2e]'"
-        if engine == "hina":
+        if engine in ("hina", "hina+l"):
             from ..kernels import isa_status, resolve_isa
             try:
                 isa = resolve_isa("auto")

@@ -57,12 +57,14 @@ def load(path: Path, dtype=torch.bfloat16, experts: str | None = None):
 
 def set_engine(model, engine: str, default_impl: str) -> str:
     """Put the model in `engine`'s configuration; returns the experts implementation in use."""
-    if engine == "hina":
+    from . import dropin_linear
+    if engine in ("hina", "hina+l"):
         from . import dropin
         dropin.use_hina(model)
     else:
         model.set_experts_implementation(default_impl)
-    return model.config._experts_implementation
+    dropin_linear.use_hina_linear(model, on=engine == "hina+l")
+    return model.config._experts_implementation + (" linear=hina" if engine == "hina+l" else "")
 
 
 # ---- validation --------------------------------------------------------------------------------------

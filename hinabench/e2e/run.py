@@ -71,7 +71,7 @@ def _fill_timing(row: dict, samples_s: list[float], tokens_per_sample: int) -> N
 def _versions(engine: str) -> str:
     import transformers
     v = {"transformers": transformers.__version__, "torch": torch.__version__}
-    if engine == "hina":
+    if engine.startswith("hina"):
         from ..kernels import resolve_isa
         v["hina_isa"] = resolve_isa("auto")
     return json.dumps(v, sort_keys=True)
