@@ -154,3 +154,13 @@ def test_gguf_of_the_same_weights(qtype):
     assert list(t.shape) == [64, 32, 8]        # ggml order: ne0 = H, ne1 = I, ne2 = E
     want = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[qtype]
     assert t.tensor_type == want
+
+
+def test_a_depth_over_the_memory_budget_is_a_row_not_an_oom(tmp_path):
+    out = tmp_path / "e2e.csv"
+    r = invoke("e2e", "--model", "mixtral-8x7b", "--layers", "4", "--engines", "hina,hf", "--mem-gib", "7",
+               "--out", str(out))
+    assert r.exit_code == 0, r.output
+    rows = read_csv(out)
+    assert len(rows) == 4 and all(x["status"] == "unavailable" and "over the 7.0 GiB budget" in x["reason"] for x in rows)
+    assert not any((tmp_path / "ckpt").glob("mixtral*"))

@@ -112,7 +112,10 @@ def fig12(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
                             label=f"{eng} (one depth: step/N)" if j == 0 else None)
     for ax in axes:
         ax.set_xticks([j + 0.4 - w / 2 for j in range(len(models))], models)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    if not axes[0].patches:
+        axes[0].text(0.5, 0.5, "one depth only: no projection", ha="center", transform=axes[0].transAxes)
     axes[0].set_ylabel("tokens/s, full depth (PROJECTED from two depths)")
     axes[1].set_ylabel("decode ms per layer, batch 1 (median, +- MAD)")
     fig.suptitle("Figure 12: end-to-end decode, batch 1")

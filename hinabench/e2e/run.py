@@ -25,7 +25,7 @@ from ..harness.stats import summarize, unstable
 from ..problems.e2e import E2EProblem
 from . import engines as E
 from . import measure as M
-from .checkpoint import checkpoint, prompt_ids
+from .checkpoint import checkpoint, checkpoint_bytes, hf_config, prompt_ids
 
 
 @dataclass
@@ -54,7 +54,7 @@ def _base(p: E2EProblem, engine: str, cfg: E2EConfig, ck) -> dict:
     fp = fingerprint()
     row = empty_row("e2e")
     row.update(op="e2e", **p.key(), backend=engine, threads=cfg.threads, numa="default",
-               checkpoint_hash=ck.hash, rounds=cfg.rounds, machine=machine_id(fp), fingerprint=summary(fp),
+               checkpoint_hash=ck.hash if ck else None, rounds=cfg.rounds, machine=machine_id(fp), fingerprint=summary(fp),
                hinabench_version=__version__, git_rev=fp["git_rev"], command=cfg.command, run_id=cfg.run_id,
                timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), note=E.DESCRIPTIONS.get(engine))
     return row
@@ -90,6 +90,19 @@ def run_e2e(cfg: E2EConfig, store, echo=print) -> list[dict]:
 
     for model in cfg.models:
         for layers in cfg.layers:
+            need = checkpoint_bytes(hf_config(model, layers)) + (512 << 20)
+            if need > cfg.mem_budget:   # a row per engine and point, and nothing written
+                why = (f"{model} with {layers} layers needs {need / 2**30:.1f} GiB in memory (bf16 weights + "
+                       f"0.5 GiB), over the {cfg.mem_budget / 2**30:.1f} GiB budget (--mem-gib)")
+                echo(f"{model} layers={layers}: {why}")
+                for eng in cfg.engines:
+                    for b in cfg.batches:
+                        for ph in ("prefill", "decode"):
+                            p = E2EProblem.create(model, layers, ph, b, cfg.prompt, cfg.gen)
+                            r = _base(p, eng, cfg, None)
+                            r.update(status="unavailable", reason=why)
+                            emit(r)
+                continue
             ck = checkpoint(model, layers, cfg.seed, echo=echo)
             echo(f"{model} layers={layers}: {ck.path} ({ck.bytes / 1e9:.2f} GB, hash {ck.hash})")
             V = ck.config["vocab_size"]
