@@ -164,3 +164,36 @@ def test_a_depth_over_the_memory_budget_is_a_row_not_an_oom(tmp_path):
     rows = read_csv(out)
     assert len(rows) == 4 and all(x["status"] == "unavailable" and "over the 7.0 GiB budget" in x["reason"] for x in rows)
     assert not any((tmp_path / "ckpt").glob("mixtral*"))
+
+
+def test_vllm_engine_rows_from_its_process(tmp_path, monkeypatch):
+    """The vllm engine's harness side with a stand-in env (its interpreter answers as vllm_run.py does):
+    timings become rows; prompt log-probs far from the reference make every row `wrong`, said why."""
+    import os
+    import stat
+    import sys
+    env = tmp_path / "envs" / "vllm"
+    (env / "bin").mkdir(parents=True)
+    (env / "hinabench-env.json").write_text(json.dumps({"recipe": {}}))
+    fake = env / "bin" / "python"
+    fake.write_text(f"""#!{sys.executable}
+import json, sys
+req = json.load(open(sys.argv[2]))
+assert sys.argv[1].endswith("vllm_run.py")
+n = len(req["validate_ids"]) - 1
+pts = {{str(b): {{"ttft_s": [0.5, 0.6], "steps_s": [0.1, 0.11, 0.12] * 2, "wall_s": [1, 1]}} for b in req["batches"]}}
+json.dump({{"version": "0.32.0-stand-in", "validation": {{"prompt_logprobs": [0.0] * n, "greedy": [1, 2, 3, 4]}},
+           "points": pts}}, open(sys.argv[3], "w"))
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("HINABENCH_ENVS", str(tmp_path / "envs"))
+    out = tmp_path / "e2e.csv"
+    r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1", "--prompt", "8", "--gen", "4", "--batch", "1,2",
+               "--engines", "vllm", "--rounds", "1", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    rows = read_csv(out)
+    assert len(rows) == 4 and all(x["backend"] == "vllm" for x in rows)
+    assert all(x["status"] == "wrong" and "nats" in x["reason"] for x in rows)
+    dec = [x for x in rows if x["phase"] == "decode"]
+    assert all(float(x["median_ms"]) == pytest.approx(110.0) and "0.32.0-stand-in" in x["engine_version"] for x in dec)
+    assert os.environ.get("HINABENCH_ENVS") == str(tmp_path / "envs")
