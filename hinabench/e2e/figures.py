@@ -222,6 +222,8 @@ def fig14(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
 
 def table4_rows(df):
     """Prefill throughput rows: ok prefill rows at batch 1, tokens/s by prompt length."""
+    if df.empty or "phase" not in df or "batch_size" not in df:
+        return df.iloc[0:0]
     p = df[(df["phase"] == "prefill") & (df["batch_size"] == 1)]
     return p
 
