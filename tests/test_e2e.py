@@ -117,6 +117,9 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
         assert r.exit_code == 0, (fig, r.output)
         assert (tmp_path / "figs" / f"{fig}.png").stat().st_size > 1000
     assert "+m+a" in (tmp_path / "figs" / "fig14.txt").read_text()
+    r = invoke("e2e", "--tables", str(out))
+    assert r.exit_code == 0, r.output
+    assert "| tiny-qwen3 | hina | 1 | 1,2 |" in r.output and "hina >= 1.5x hf per layer" in r.output
 
 
 def test_per_layer_cost_from_two_depths():

@@ -27,10 +27,13 @@ from . import command_line, ints, names
 @click.option("--out", default=None, help="Results file (default: results/<machine>/e2e-<model>-<time>.csv).")
 @click.option("--show-patch", is_flag=True, help="Print the drop-in (hinabench/e2e/dropin.py) and its line count, and exit.")
 @click.option("--checkpoint-only", is_flag=True, help="Write (or find) the checkpoints and exit.")
+@click.option("--tables", "tables_from", default=None,
+              help="Print the note's tables (per depth, per layer, the targets, Table 4) from stored rows "
+                   "(a results file, folder or glob), and exit.")
 @click.option("--gguf", "gguf_types", default=None,
               help="Also write the checkpoint as GGUF, comma-separated types (bf16, q8_0), and exit.")
 def e2e(model_names, layers, prompt, gen, batch, engines, prefill, prefill_engines, rounds, seed, threads,
-        mem_gib, out, show_patch, checkpoint_only, gguf_types):
+        mem_gib, out, show_patch, checkpoint_only, tables_from, gguf_types):
     """Decode and prefill of real MoE model configurations (synthetic weights, N layers) on every
     engine that runs here, validated against transformers fp32 first: TTFT, TPOT (median +- MAD),
     tokens/s by batch, the FFN's share of decode, prefill throughput by P (Figures 12-14, Table 4)."""
@@ -39,6 +42,11 @@ def e2e(model_names, layers, prompt, gen, batch, engines, prefill, prefill_engin
         text, n = patch_text()
         click.echo(text)
         click.echo(f"# the drop-in: {n} lines of code (blank lines, comments and docstrings not counted)")
+        return
+    if tables_from:
+        from ..e2e.figures import tables
+        from ..harness.store import load_frame
+        click.echo(tables(load_frame(tables_from)))
         return
     from ..e2e.checkpoint import checkpoint
     models = names(model_names) or []

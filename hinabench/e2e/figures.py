@@ -275,3 +275,83 @@ def summary_table(rows: list[dict]) -> str:
                      f"{f(r.get('tokens_per_s'), '.1f')} | {share('ffn_share')} | {share('attn_share')} | "
                      f"{f(r.get('rel_err'), '.1e')} | {r['status']}{(': ' + str(r['reason'])[:60]) if r.get('reason') else ''} |")
     return "\n".join(lines)
+
+
+def tables(df) -> str:
+    """The note's tables from stored rows: decode and prefill per depth (median +- MAD), the per-layer
+    cost from two depths with the speedups and the roofline ratio, and the issue's targets judged."""
+    df = e2e_points(df)
+    if df.empty:
+        raise UserError("no end-to-end rows (op e2e) in the results given")
+    out = ["### Decode (TPOT) and prefill (TTFT) per depth", "",
+           "| model | layers | engine | B | TTFT ms | TPOT ms (median +- MAD) | tok/s | FFN % | attn % | rel_err | status |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    dec = df[df["phase"] == "decode"].sort_values(["model", "layers", "batch_size", "backend"])
+    for _, r in dec.iterrows():
+        pre = df[(df["phase"] == "prefill") & (df["model"] == r["model"]) & (df["layers"] == r["layers"])
+                 & (df["backend"] == r["backend"]) & (df["batch_size"] == r["batch_size"])
+                 & (df["prompt_tokens"] == r["prompt_tokens"])]
+        ttft = pre["median_ms"].iloc[-1] if len(pre) and pre["median_ms"].notna().any() else None
+        if r["status"] != "ok" and r["status"] != "wrong":
+            out.append(f"| {r['model']} | {int(r['layers'])} | {r['backend']} | {int(r['batch_size'])} | | | | | | | "
+                       f"{r['status']}: {str(r['reason'])[:80]} |")
+            continue
+        f = lambda v, fmt=".1f": "" if v is None or v != v else format(v, fmt)  # noqa: E731
+        out.append(f"| {r['model']} | {int(r['layers'])} | {r['backend']} | {int(r['batch_size'])} | {f(ttft, '.0f')} | "
+                   f"{f(r['median_ms'])} +- {f(r['mad_ms'])} | {f(r['tokens_per_s'], '.2f')} | "
+                   f"{f(100 * r['ffn_share'], '.0f') if r['ffn_share'] == r['ffn_share'] else ''} | "
+                   f"{f(100 * r['attn_share'], '.0f') if r['attn_share'] == r['attn_share'] else ''} | "
+                   f"{f(r['rel_err'], '.1e')} | {r['status']} |")
+    pl = per_layer(df)
+    out += ["", "### Per layer (decode, from two depths)", "",
+            "| model | engine | B | depths | ms per layer (+- MAD) | roofline ms/layer | ratio | projected full-depth tok/s |",
+            "|---|---|---|---|---|---|---|---|"]
+    roof = {}
+    for _, r in pl.iterrows():
+        rows = df[(df["phase"] == "decode") & (df["status"] == "ok") & (df["model"] == r["model"])
+                  & (df["backend"] == r["engine"]) & (df["batch_size"] == r["batch"])]
+        rl = None
+        if len(rows) and rows["layer_bytes"].notna().any() and rows["read_gbps"].notna().any():
+            rl = rows["layer_bytes"].max() / (rows["read_gbps"].max() * 1e9) * 1e3
+        roof[(r["model"], r["engine"], r["batch"])] = rl
+        v = r["per_layer_ms"]
+        if v is None or v != v:
+            out.append(f"| {r['model']} | {r['engine']} | {r['batch']} | {r['depths']} | (one depth) | | | |")
+            continue
+        proj = 1000 * r["batch"] / r["projected_ms"] if r["projected_ms"] else None
+        out.append(f"| {r['model']} | {r['engine']} | {r['batch']} | {r['depths']} | {v:.2f} +- {r['mad_ms']:.2f} | "
+                   f"{'' if rl is None else format(rl, '.2f')} | {'' if rl is None else format(v / rl, '.2f')} | "
+                   f"{'' if proj is None else format(proj, '.2f')} (projected) |")
+    out += ["", "### The issue's targets (batch 1, per layer, same day)", ""]
+
+    def layer(m, e):
+        r = pl[(pl["model"] == m) & (pl["engine"] == e) & (pl["batch"] == 1)] if len(pl) else pl
+        v = r["per_layer_ms"].iloc[0] if len(r) else None
+        return None if v is None or v != v else v
+    for m in dict.fromkeys(df["model"]):
+        h = layer(m, "hina")
+        for other, need in (("hf", 1.5), ("vllm", 1.2), ("llamacpp:bf16", 1.0)):
+            o = layer(m, other)
+            if h is None or o is None:
+                st = df[(df["model"] == m) & (df["backend"] == other)]["status"]
+                why = f"{other} {st.iloc[0]}" if len(st) and st.iloc[0] != "ok" else f"no per-layer {other if h else 'hina'} cost"
+                out.append(f"- {m}: hina >= {need}x {other} per layer: n/a ({why})")
+            else:
+                out.append(f"- {m}: hina >= {need}x {other} per layer: {o / h:.2f}x -> {'PASS' if o / h >= need else 'FAIL'}"
+                           f" ({h:.2f} vs {o:.2f} ms)")
+        rl = roof.get((m, "hina", 1))
+        if h is not None and rl:
+            out.append(f"- {m}: hina per layer within 1.25x of its roofline: {h / rl:.2f}x -> "
+                       f"{'PASS' if h / rl <= 1.25 else 'FAIL'} ({h:.2f} ms vs {rl:.2f} ms)")
+        pre = df[(df["phase"] == "prefill") & (df["model"] == m) & (df["batch_size"] == 1) & (df["status"] == "ok")
+                 & (df["prompt_tokens"] == 128)]
+        for L in sorted(set(pre["layers"])):
+            g = pre[pre["layers"] == L].set_index("backend")["median_ms"]
+            if "hina" in g and "hf" in g:
+                out.append(f"- {m} L{int(L)}: TTFT(128) hina <= hf: {g['hina']:.0f} vs {g['hf']:.0f} ms -> "
+                           f"{'PASS' if g['hina'] <= g['hf'] else 'FAIL'}")
+    t4 = table4_rows(df)
+    t4 = t4[t4["status"] == "ok"] if len(t4) else t4
+    if len(t4):
+        out += ["", "### Prefill throughput (tokens/s, batch 1; Table 4)", "", table4_markdown(t4)]
+    return "\n".join(out)
