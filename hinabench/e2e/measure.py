@@ -97,10 +97,11 @@ def reference(ck, ids: torch.Tensor, mem_budget: int, echo=print) -> Reference:
     if cache_file.exists():
         d = torch.load(cache_file)
         return Reference(ids, d["logits"], d["greedy"], d["what"])
-    fits = 2 * ck.bytes + (1 << 30) <= mem_budget
+    need = 2 * ck.bytes + (1 << 30)          # fp32 weights and 1 GiB for activations and the loader
+    fits = need <= mem_budget
     dtype = torch.float32 if fits else torch.bfloat16
     what = "transformers fp32" if fits else (
-        f"transformers bf16 with eager experts (fp32 needs {2 * ck.bytes / 2**30:.1f} GiB, over the "
+        f"transformers bf16 with eager experts (fp32 needs {need / 2**30:.1f} GiB with headroom, over the "
         f"{mem_budget / 2**30:.1f} GiB budget)")
     echo(f"  reference: {what}")
     m = load(ck.path, dtype, experts="eager")
