@@ -266,10 +266,14 @@ def _run_vllm(cfg, ck, ref, problems, echo, envs) -> list[dict]:
         env.update(envs.recipe_runtime_env("vllm"))
         echo(f"  vllm: starting in its env ({envs.python('vllm')})")
         t0 = time.time()
+        c0 = os.times()
         with LoadMeter() as lm:
             # cwd: a temporary folder, so the checkout's own packages never shadow the env's
             proc = subprocess.run([str(envs.python("vllm")), str(Path(__file__).with_name("vllm_run.py")), str(rq), str(rs)],
                                   env=env, cwd=td, capture_output=True, text=True, timeout=3600)
+        c1 = os.times()   # vLLM's own CPU time is not "other processes'" load
+        vllm_cpus = ((c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)) / max(c1.elapsed - c0.elapsed, 1e-6)
+        other_cpus = max(0.0, lm.other_cpus - vllm_cpus)
         res = json.loads(rs.read_text()) if rs.exists() else {
             "error": f"vllm_run exited {proc.returncode}: {(proc.stderr or '').strip().splitlines()[-1:] }"}
         echo(f"  vllm: {time.time() - t0:.0f} s" + (f", error: {res['error']}" if "error" in res else ""))
@@ -298,7 +302,7 @@ def _run_vllm(cfg, ck, ref, problems, echo, envs) -> list[dict]:
                  validation=f"max |delta log-prob| of {len(got)} prompt tokens vs {ref.what} (prompt_logprobs)",
                  status="ok" if ok else "wrong",
                  reason=None if ok else f"prompt log-probs differ by {err:.3g} nats > {LOGPROB_TOLERANCE}",
-                 load_other_cpus=round(lm.other_cpus, 2), warmup=0)
+                 load_other_cpus=round(other_cpus, 2), warmup=0)
         if p.phase == "prefill":
             _fill_timing(r, pt.get("ttft_s", []), p.batch * p.prompt)
             r["ttft_ms"] = r.get("median_ms")
