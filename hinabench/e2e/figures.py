@@ -183,9 +183,11 @@ def ablation(df):
     for model in dict.fromkeys(df["model"]):
         base = pl[(pl["model"] == model) & (pl["engine"] == "hf") & (pl["batch"] == 1)] if len(pl) else pl
         b = base.iloc[0]["per_layer_ms"] if len(base) else None
+        b = None if b is None or b != b else b
         for step, eng in ABLATION:
             r = pl[(pl["model"] == model) & (pl["engine"] == eng) & (pl["batch"] == 1)] if len(pl) else pl
             v = r.iloc[0]["per_layer_ms"] if len(r) else None
+            v = None if v is None or v != v else v
             rows = df[(df["model"] == model) & (df["backend"] == eng)]
             if len(r) and not v:
                 why = "per-layer cost not above the noise (two depths)"
