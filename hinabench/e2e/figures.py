@@ -218,7 +218,7 @@ def fig14(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     if not any(a["speedup"] or a["step_speedup"] for a in ab):
         raise UserError("fig14 needs ok decode rows of hf and hina at batch 1")
     models = list(dict.fromkeys(a["model"] for a in ab))
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+    fig, ax = plt.subplots(figsize=(10, 5.2))
     w = 0.8 / len(ABLATION)
     for i, (step, _) in enumerate(ABLATION):
         for j, m in enumerate(models):
@@ -233,7 +233,8 @@ def fig14(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
             else:
                 ax.text(j + i * w, 0.05, f"{step}: {a['why'][:40]}", rotation=90, fontsize=6, ha="center", va="bottom")
     ax.set_xticks([j + 0.4 - w / 2 for j in range(len(models))], models)
-    ax.set_ylabel("decode speedup over transformers, batch 1 (per layer; hatched: whole step)")
+    ax.set_ylabel("decode speedup over hf, batch 1\n(per layer; hatched: whole step)")
+    ax.set_xlim(-0.5, len(models) - 0.1)
     ax.legend(fontsize=8)
     fig.suptitle("Figure 14: decode ablation (baseline -> +m -> +m+a)")
     notes = [f"{a['model']} {a['step']}: {a['why'][:150]}" for a in ab if not a["speedup"] and a["step"] != "baseline" and a["why"]]
