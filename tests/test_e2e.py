@@ -169,22 +169,27 @@ def test_a_depth_over_the_memory_budget_is_a_row_not_an_oom(tmp_path):
     assert not any((tmp_path / "ckpt").glob("mixtral*"))
 
 
-def test_vllm_engine_rows_from_its_process(tmp_path, monkeypatch):
-    """The vllm engine's harness side with a stand-in env (its interpreter answers as vllm_run.py does):
-    timings become rows; prompt log-probs far from the reference make every row `wrong`, said why."""
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp:q8_0"])
+def test_peer_engine_rows_from_its_process(tmp_path, monkeypatch, engine):
+    """The harness side of an engine in its own env, with a stand-in env (its interpreter answers as
+    vllm_run.py / llamacpp_run.py do): timings become rows; prompt log-probs far from the reference make
+    every row `wrong`, said why; llama.cpp's batch > 1 has no samples: `unsupported`."""
     import os
     import stat
     import sys
-    env = tmp_path / "envs" / "vllm"
+    env_name, script = ("vllm", "vllm_run.py") if engine == "vllm" else ("llamacpp", "llamacpp_run.py")
+    env = tmp_path / "envs" / env_name
     (env / "bin").mkdir(parents=True)
     (env / "hinabench-env.json").write_text(json.dumps({"recipe": {}}))
     fake = env / "bin" / "python"
     fake.write_text(f"""#!{sys.executable}
 import json, sys
 req = json.load(open(sys.argv[2]))
-assert sys.argv[1].endswith("vllm_run.py")
+assert sys.argv[1].endswith("{script}")
+assert "{engine}" == "vllm" or req["gguf"].endswith("model-q8_0.gguf")
 n = len(req["validate_ids"]) - 1
-pts = {{str(b): {{"ttft_s": [0.5, 0.6], "steps_s": [0.1, 0.11, 0.12] * 2, "wall_s": [1, 1]}} for b in req["batches"]}}
+pts = {{str(b): ({{"ttft_s": [0.5, 0.6], "steps_s": [0.1, 0.11, 0.12] * 2}} if b == 1 or "{engine}" == "vllm"
+              else {{"ttft_s": [], "steps_s": []}}) for b in req["batches"]}}
 json.dump({{"version": "0.32.0-stand-in", "validation": {{"prompt_logprobs": [0.0] * n, "greedy": [1, 2, 3, 4]}},
            "points": pts}}, open(sys.argv[3], "w"))
 """)
@@ -192,11 +197,13 @@ json.dump({{"version": "0.32.0-stand-in", "validation": {{"prompt_logprobs": [0.
     monkeypatch.setenv("HINABENCH_ENVS", str(tmp_path / "envs"))
     out = tmp_path / "e2e.csv"
     r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1", "--prompt", "8", "--gen", "4", "--batch", "1,2",
-               "--engines", "vllm", "--rounds", "1", "--out", str(out))
+               "--engines", engine, "--rounds", "1", "--out", str(out))
     assert r.exit_code == 0, r.output
     rows = read_csv(out)
-    assert len(rows) == 4 and all(x["backend"] == "vllm" for x in rows)
-    assert all(x["status"] == "wrong" and "nats" in x["reason"] for x in rows)
-    dec = [x for x in rows if x["phase"] == "decode"]
+    assert len(rows) == 4 and all(x["backend"] == engine for x in rows)
+    b1 = [x for x in rows if x["batch_size"] == "1" or engine == "vllm"]
+    assert all(x["status"] == "wrong" and "nats" in x["reason"] for x in b1)
+    assert all(x["status"] == "unsupported" and "one sequence" in x["reason"] for x in rows if x not in b1)
+    dec = [x for x in b1 if x["phase"] == "decode"]
     assert all(float(x["median_ms"]) == pytest.approx(110.0) and "0.32.0-stand-in" in x["engine_version"] for x in dec)
     assert os.environ.get("HINABENCH_ENVS") == str(tmp_path / "envs")

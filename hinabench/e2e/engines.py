@@ -5,7 +5,8 @@
   hina+l        hina plus the dense projections (q/k/v/o, LM head) on the HiNa linear kernel
   hina+a        hina plus decode attention through transformers' attention interface: needs issue 14's kernel
   vllm          vLLM-CPU on the same checkpoint, in the `vllm` environment (vllm_run.py)
-  llamacpp:bf16, llamacpp:q8_0   a GGUF of the same weights (gguf_writer.py) through llama-cpp-python
+  llamacpp:bf16, llamacpp:q8_0   a GGUF of the same weights (gguf_writer.py) through llama-cpp-python in
+                the `llamacpp` environment (llamacpp_run.py; batch 1 only; not yet run on a real env here)
   ipex          ipex.llm.optimize on the transformers model
   kt            KTransformers' engine
 """
@@ -74,7 +75,7 @@ def status(engine: str) -> tuple[str, str]:
         if not ok:
             return "unavailable", (f"{why} (a ~14-minute source build of llama-cpp-python on 2 cores); the GGUF "
                                    f"it would load is written by `hinabench e2e --gguf`")
-        return "unsupported", "the llama-cpp-python timing loop is not written yet (the GGUF writer is)"
+        return "ok", ""
     if engine == "ipex":
         return "unsupported", ("ipex.llm.optimize needs AVX-512 (bf16 prepack/brgemm): on an AVX2-only CPU IPEX "
                                "refuses it (MACHINE-NOTES); and its env (`hinabench env create ipex`, 6.7 GiB) is absent"

@@ -1,7 +1,7 @@
 """`hinabench e2e`: every engine on one checkpoint per depth, validated, then timed, rows stored.
 
 Per (model, depth): the checkpoint (written once), the fp32 reference, then the in-process engines
-(hf, hina: one transformers model, interleaved rounds), then the engines in their own processes (vllm)
+(hf, hina: one transformers model, interleaved rounds), then the engines in their own processes (vllm, llamacpp)
 once the in-process model is freed, then rows for engines that cannot run here (status + reason).
 Rows: one `prefill` row (TTFT) and one `decode` row (TPOT, tokens/s, FFN and attention shares) per
 engine and batch; `prefill` rows at batch 1 for each --prefill length (Table 4).
@@ -125,16 +125,17 @@ def run_e2e(cfg: E2EConfig, store, echo=print) -> list[dict]:
                     r.update(status=st, reason=why)
                     emit(r)
             inproc = [e for e in runnable if e in E.IN_PROCESS]
-            if inproc or "vllm" in runnable:
+            if runnable:
                 ref = M.reference(ck, val_ids, cfg.mem_budget, echo)
             if inproc:
                 rows_ip = _run_in_process(cfg, ck, ref, inproc, problems, table4, echo)
                 for r in rows_ip:
                     emit(r)
             gc.collect()
-            if "vllm" in runnable:
-                for r in _run_vllm(cfg, ck, ref, problems, echo, envs):
-                    emit(r)
+            for eng in runnable:
+                if eng == "vllm" or eng.startswith("llamacpp:"):
+                    for r in _run_peer(cfg, ck, ref, problems, echo, envs, eng):
+                        emit(r)
     return rows
 
 
@@ -247,39 +248,48 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
     return out
 
 
-def _run_vllm(cfg, ck, ref, problems, echo, envs) -> list[dict]:
+def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str) -> list[dict]:
+    """An engine in its own env and process (vllm_run.py, llamacpp_run.py): request and result as JSON."""
     V = ck.config["vocab_size"]
     req = {"path": str(ck.path), "batches": cfg.batches, "prompt": cfg.prompt, "gen": cfg.gen, "rounds": cfg.rounds,
            "validate_ids": ref.ids[0].tolist(), "greedy_steps": len(ref.greedy), "compile": cfg.vllm_compile,
+           "threads": cfg.threads,
            "prompt_ids": {str(b): prompt_ids(V, b, cfg.prompt, cfg.seed + 100 + b).tolist() for b in cfg.batches}}
-    rows = {p: _base(p, "vllm", cfg, ck) for p in problems}
+    env_name, script = ("vllm", "vllm_run.py") if engine == "vllm" else ("llamacpp", "llamacpp_run.py")
+    tolerance = LOGPROB_TOLERANCE.get(engine, 0.05)
+    rows = {p: _base(p, engine, cfg, ck) for p in problems}
+    if engine.startswith("llamacpp:"):
+        from .gguf_writer import write_gguf
+        req["gguf"] = str(write_gguf(ck, engine.split(":", 1)[1], echo=echo))
     with tempfile.TemporaryDirectory() as td:
         rq, rs = Path(td) / "req.json", Path(td) / "res.json"
         rq.write_text(json.dumps(req))
         env = dict(os.environ)
         env.pop("PYTHONHOME", None)
-        env["PYTHONPATH"] = str(Path(__file__).with_name("vllm_site"))   # its sitecustomize (see there)
+        env.pop("PYTHONPATH", None)
         n = cfg.threads
-        env.update(VLLM_CPU_OMP_THREADS_BIND=f"0-{n - 1}", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS=str(n),
-                   VLLM_ENABLE_V1_MULTIPROCESSING="0", VIRTUAL_ENV=str(envs.env_path("vllm")),
-                   TOKENIZERS_PARALLELISM="false")
-        env.update(envs.recipe_runtime_env("vllm"))
-        echo(f"  vllm: starting in its env ({envs.python('vllm')})")
+        env.update(OMP_NUM_THREADS=str(n), VIRTUAL_ENV=str(envs.env_path(env_name)), TOKENIZERS_PARALLELISM="false")
+        if engine == "vllm":
+            env["PYTHONPATH"] = str(Path(__file__).with_name("vllm_site"))   # its sitecustomize (see there)
+            env.update(VLLM_CPU_OMP_THREADS_BIND=f"0-{n - 1}", VLLM_CPU_KVCACHE_SPACE="1",
+                       VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        env.update(envs.recipe_runtime_env(env_name))
+        echo(f"  {engine}: starting in its env ({envs.python(env_name)})")
         t0 = time.time()
         c0 = os.times()
         with LoadMeter() as lm:
             # cwd: a temporary folder, so the checkout's own packages never shadow the env's
-            proc = subprocess.run([str(envs.python("vllm")), str(Path(__file__).with_name("vllm_run.py")), str(rq), str(rs)],
+            proc = subprocess.run([str(envs.python(env_name)), str(Path(__file__).with_name(script)), str(rq), str(rs)],
                                   env=env, cwd=td, capture_output=True, text=True, timeout=3600)
-        c1 = os.times()   # vLLM's own CPU time is not "other processes'" load
+        c1 = os.times()   # the engine's own CPU time is not "other processes'" load
         vllm_cpus = ((c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)) / max(c1.elapsed - c0.elapsed, 1e-6)
         other_cpus = max(0.0, lm.other_cpus - vllm_cpus)
         res = json.loads(rs.read_text()) if rs.exists() else {
-            "error": f"vllm_run exited {proc.returncode}: {(proc.stderr or '').strip().splitlines()[-1:] }"}
-        echo(f"  vllm: {time.time() - t0:.0f} s" + (f", error: {res['error']}" if "error" in res else ""))
+            "error": f"{script} exited {proc.returncode}: {(proc.stderr or '').strip().splitlines()[-1:] }"}
+        echo(f"  {engine}: {time.time() - t0:.0f} s" + (f", error: {res['error']}" if "error" in res else ""))
     if "error" in res:
         for r in rows.values():
-            r.update(status="failed", reason=f"vllm: {res['error']}")
+            r.update(status="failed", reason=f"{engine}: {res['error']}")
         return list(rows.values())
     # validation: the prompt tokens' log-probs against the reference's
     ref_lp = torch.log_softmax(ref.logits, -1)
@@ -287,7 +297,7 @@ def _run_vllm(cfg, ck, ref, problems, echo, envs) -> list[dict]:
     ref_tok = ref_lp[:-1].gather(1, toks[:, None])[:, 0]
     got = torch.tensor(res["validation"]["prompt_logprobs"], dtype=torch.float32)
     err = float((got - ref_tok).abs().max())
-    ok = err <= LOGPROB_TOLERANCE
+    ok = err <= tolerance
     g = res["validation"]["greedy"]
     match = 0
     for a, b in zip(g, ref.greedy):
@@ -296,13 +306,20 @@ def _run_vllm(cfg, ck, ref, problems, echo, envs) -> list[dict]:
         match += 1
     for p, r in rows.items():
         pt = res["points"].get(str(p.batch), {})
-        r.update(engine_version=json.dumps({"vllm": res.get("version")}), versions=json.dumps({"vllm": res.get("version")}),
-                 engine_impl="vllm eager (compilation mode 0)" if not cfg.vllm_compile else "vllm compiled",
-                 rel_err=err, tolerance=LOGPROB_TOLERANCE, greedy_match=f"{match}/{len(ref.greedy)}",
+        pkg = "vllm" if engine == "vllm" else "llama-cpp-python"
+        impl = ("vllm eager (compilation mode 0)" if not cfg.vllm_compile else "vllm compiled") if engine == "vllm" \
+            else f"llama.cpp GGUF {engine.split(':', 1)[1].upper()}"
+        r.update(engine_version=json.dumps({pkg: res.get("version")}), versions=json.dumps({pkg: res.get("version")}),
+                 engine_impl=impl,
+                 rel_err=err, tolerance=tolerance, greedy_match=f"{match}/{len(ref.greedy)}",
                  validation=f"max |delta log-prob| of {len(got)} prompt tokens vs {ref.what} (prompt_logprobs)",
                  status="ok" if ok else "wrong",
-                 reason=None if ok else f"prompt log-probs differ by {err:.3g} nats > {LOGPROB_TOLERANCE}",
+                 reason=None if ok else f"prompt log-probs differ by {err:.3g} nats > {tolerance}",
                  load_other_cpus=round(other_cpus, 2), warmup=0)
+        if not pt.get("ttft_s"):
+            r.update(status="unsupported", reason=f"{engine}: no samples at batch {p.batch} "
+                     + ("(llama-cpp-python's Llama runs one sequence)" if engine != "vllm" else ""))
+            continue
         if p.phase == "prefill":
             _fill_timing(r, pt.get("ttft_s", []), p.batch * p.prompt)
             r["ttft_ms"] = r.get("median_ms")
@@ -314,4 +331,5 @@ def _run_vllm(cfg, ck, ref, problems, echo, envs) -> list[dict]:
     return list(rows.values())
 
 
-LOGPROB_TOLERANCE = 0.05     # nats, max over the prompt tokens, against transformers fp32
+# nats, max over the prompt tokens, against the reference (Q8_0 weights move log-probs more than bf16's rounding)
+LOGPROB_TOLERANCE = {"vllm": 0.05, "llamacpp:bf16": 0.05, "llamacpp:q8_0": 0.25}
