@@ -102,6 +102,13 @@ def fig12(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     engines = list(dict.fromkeys(pl["engine"]))
     w = 0.8 / max(len(engines), 1)
+    seen: set[str] = set()
+
+    def once(label):
+        if label in seen:
+            return None
+        seen.add(label)
+        return label
     for i, eng in enumerate(engines):
         for j, m in enumerate(models):
             r = pl[(pl["engine"] == eng) & (pl["model"] == m)]
@@ -109,12 +116,12 @@ def fig12(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
                 continue
             r = r.iloc[0]
             if r["projected_ms"] is not None and r["projected_ms"] == r["projected_ms"]:
-                axes[0].bar(j + i * w, 1000 / r["projected_ms"], w, label=eng if j == 0 else None, color=f"C{i}")
+                axes[0].bar(j + i * w, 1000 / r["projected_ms"], w, label=once(f"0{eng}") and eng, color=f"C{i}")
                 axes[1].bar(j + i * w, r["per_layer_ms"], w, yerr=r["mad_ms"], color=f"C{i}",
-                            label=eng if j == 0 else None)
+                            label=once(f"1{eng}") and eng)
             elif "," not in str(r["depths"]):
                 axes[1].bar(j + i * w, r["t1_ms"] / r["n1"], w, color=f"C{i}", hatch="//",
-                            label=f"{eng} (one depth: step/N)" if j == 0 else None)
+                            label=once(f"2{eng}") and f"{eng} (one depth: whole step / N, LM head included)")
     for ax in axes:
         ax.set_xticks([j + 0.4 - w / 2 for j in range(len(models))], models)
         if ax.get_legend_handles_labels()[0]:
