@@ -176,8 +176,8 @@ def _fig15(c):
     if c.numa_nodes >= 2 and c.perf[0]:
         return Assessment(MEASURED, "perf's remote-DRAM load counters around each backend's samples",
                           ("fig15",), "fig15")
-    why = (f"one NUMA node: the weights' pages are placed as if interleaved over 2 nodes and the remote "
-           f"share modeled (Section 5's placement model x each backend's work partition)"
+    why = ("one NUMA node: the weights' pages are placed as if interleaved over 2 nodes and the remote "
+           "share modeled (Section 5's placement model x each backend's work partition)"
            if c.numa_nodes < 2 else
            f"perf's DRAM counters do not work here ({c.perf[1] or 'no hardware counters'}): the remote "
            f"share is modeled from the pages' real placement and each backend's work partition")
@@ -349,16 +349,21 @@ class Plan:
     calibration: Calibration | None = None
     budget_s: float = 0.0
 
-    def rows(self) -> list[dict]:
-        """The plan as rows (printed, stored beside the results, shown in the report)."""
+    def rows(self, after: bool = False) -> list[dict]:
+        """The plan as rows (printed, stored beside the results, shown in the report). `after`: the
+        state once a run is over (what is stored, what is left) rather than what this run will do."""
         out = []
         for f, a in self.figures:
             est = sum(self.suites[s].todo_s for s in a.suites if s in self.suites)
             todo = sum(self.suites[s].rows_todo for s in a.suites if s in self.suites)
+            done = sum(self.suites[s].rows_done for s in a.suites if s in self.suites)
             if a.status == NOT_HERE:
                 when = ""
             elif todo == 0:
-                when = "done (rows stored)"
+                when = f"all {done} row(s) stored"
+            elif after:
+                when = (f"{done} row(s) stored, {todo} still to measure or retry (failed, timeout), "
+                        f"~{fmt_duration(est)}: run reproduce again with the same --out")
             else:
                 when = ("this run" if self.fits.get(f.id) else "partly this run / a later one") + \
                        f": ~{fmt_duration(est)}"

@@ -97,6 +97,17 @@ def _serve(folder: Path):
         srv.server_close()
 
 
+def watched_page(browser, problems: list, width: int, height: int):
+    """A page whose console errors and warnings, page errors, failed requests and HTTP errors are
+    appended to `problems`."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+    page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+    return page
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian: apt-get install chromium; .ci/run installs it)")
 def test_the_report_in_a_real_browser(site, tmp_path, capsys):
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
@@ -104,11 +115,7 @@ def test_the_report_in_a_real_browser(site, tmp_path, capsys):
     problems = []
     with sync_api.sync_playwright() as p, _serve(out) as base:
         browser = p.chromium.launch(executable_path=CHROMIUM)
-        page = browser.new_page(viewport={"width": 1600, "height": 1200})
-        page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
-        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-        page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
-        page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+        page = watched_page(browser, problems, 1600, 1200)
         for url in [f"{base}/{n}.html" for n in ("index", "fig1", "fig10", "fig15", "rows")] + \
                    [(out / "fig10.html").as_uri(), (out / "index.html").as_uri()]:     # served, and file://
             page.goto(url)

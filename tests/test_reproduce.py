@@ -123,7 +123,7 @@ def test_quick_runs_report_shows_the_plan_and_the_figures(quick_run):
 
 
 def test_quick_runs_report_in_a_real_browser(quick_run, tmp_path):
-    from test_report import CHROMIUM, _serve
+    from test_report import CHROMIUM, _serve, watched_page
     if CHROMIUM is None:
         pytest.skip("no chromium binary (.ci/run installs it)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
@@ -131,10 +131,7 @@ def test_quick_runs_report_in_a_real_browser(quick_run, tmp_path):
     problems = []
     with sync_api.sync_playwright() as p, _serve(site) as base:
         browser = p.chromium.launch(executable_path=CHROMIUM)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
-        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-        page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+        page = watched_page(browser, problems, 1400, 1000)
         for name in ("index", "fig4", "fig10"):
             page.goto(f"{base}/{name}.html")
             page.wait_for_load_state("load")

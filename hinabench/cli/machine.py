@@ -106,16 +106,20 @@ def bandwidth(threads, size_mib, passes, fmt, as_json):
 @format_option()
 @click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as --format json.")
 def peak(threads, fmt, as_json):
-    """Register-only FMA peak per unit (AVX2 FMA, AVX-512 FMA / BF16 dot, AMX BF16) and thread count."""
+    """Register-only FMA peak per unit (AVX2 FMA, AVX-512 FMA / BF16 dot, AMX BF16) and thread count: the
+    physical compute ceiling; and beside it torch's fp32 GEMM rate (2048x4096x4096), the achievable one."""
     from ..native import load
     _C = load("_C")
     from ..machine import probes, sysinfo
     ts = ints(threads, "--threads") if threads else sorted({1, len(sysinfo.topology()["usable_cpus"])})
     rows = []
+    m, n, k = probes.GEMM_SHAPE
     for t in ts:
         for u in _C.peak_units():
-            rows.append({"threads": t, "unit": u, "gflops": probes.peak_gflops(t, u)[0],
-                         "roofline_unit": u == probes.peak_unit()})
+            rows.append({"threads": t, "unit": u, "ceiling": "physical (register-only loop)",
+                         "gflops": probes.peak_gflops(t, u)[0], "roofline_unit": u == probes.peak_unit()})
+        rows.append({"threads": t, "unit": f"torch fp32 GEMM {m}x{n}x{k}", "ceiling": "achievable (a tuned GEMM)",
+                     "gflops": probes.gemm_gflops(t), "roofline_unit": False})
     _emit(rows, "json" if as_json else fmt, "compute peak (GFLOP/s)")
 
 

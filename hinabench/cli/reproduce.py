@@ -130,9 +130,8 @@ def reproduce(budget, quick, out_dir, only, backends, threads, plan_only):
     after = rp.make_plan(out, quick, names(only), backends, threads, caps=plan.caps)
     if cal is not None:
         rp.estimate(after, cal)
-    rp.schedule(after, 0)
     from ..report.site import build
-    res = build([str(results)], out / "site", command=cmd, plan=after.rows())
+    res = build([str(results)], out / "site", command=cmd, plan=after.rows(after=True))
     drawn = sorted({n for n, ds in res["figures"].items() for d in ds if d.png is not None})
     click.echo(f"measured for {rp.fmt_duration(took)} (estimated {rp.fmt_duration(total)}); whole run "
                f"{rp.fmt_duration(time.monotonic() - t_start)}")

@@ -142,6 +142,10 @@ def _roofline(row: dict, peak: float, unit: str) -> None:
         return   # a wrong output's bytes and flops were not the problem's: no rates, no efficiency
     row.update(gbps=row["weight_bytes"] / (med * 1e-3) / 1e9, gflops=row["flops"] / (med * 1e-3) / 1e9)
     row.update(pct_bw=row["gbps"] / bw, efficiency=row["roofline_ms"] / med)
+    if row["bound"] == "compute":   # the achievable compute ceiling beside the physical one
+        from ..machine.probes import gemm_gflops
+        row["gemm_gflops"] = gemm_gflops(int(row["threads"]))
+        row["pct_gemm"] = row["gflops"] / row["gemm_gflops"]
 
 
 def run_point(problem: Problem, names: list[str], threads: int, cfg: RunConfig,

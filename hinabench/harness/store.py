@@ -35,7 +35,7 @@ COMMON = [
     "rel_err", "tolerance",
     # roofline
     "weight_bytes", "flops", "read_gbps", "read_gbps_min", "read_probe", "peak_gflops", "peak_unit",
-    "peak_gflops_min", "peak_gflops_machine", "denominators_moved",
+    "peak_gflops_min", "peak_gflops_machine", "denominators_moved", "gemm_gflops", "pct_gemm",
     "roofline_ms", "bound", "gbps", "gflops", "pct_bw", "efficiency",
     # memory and cache policy
     "extra_bytes", "rotation_groups", "allocated_bytes",

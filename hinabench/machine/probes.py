@@ -51,6 +51,34 @@ def peak_gflops(threads: int, unit: str | None = None, seconds: float = 0.25) ->
     return max(_C.peak_flops(unit, threads, seconds) for _ in range(3)) / 1e9, unit
 
 
+GEMM_SHAPE = (2048, 4096, 4096)     # M, N, K of the achievable-ceiling GEMM (issue 11 names it)
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_gflops(threads: int, shape: tuple[int, int, int] = GEMM_SHAPE, reps: int = 3) -> float:
+    """GFLOP/s of torch's own fp32 GEMM (oneDNN/MKL sgemm) on `threads` threads: the achievable compute
+    ceiling, beside the register-only FMA peak (the physical one). Best of `reps` after one warm-up;
+    measured once per process and thread count (a row's `gemm_gflops`)."""
+    import time
+
+    import torch
+    m, n, k = shape
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a = torch.randn(m, k)
+        b = torch.randn(k, n)
+        torch.mm(a, b)
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return 2.0 * m * n * k / best / 1e9
+
+
 def peak_probe(threads: int, seconds: float = 0.03) -> tuple[float, str]:
     """(GFLOP/s, unit) of one short run of the register-only loop, now, in this process: the compute
     term of the roofline measured like the read probe, beside the samples (a VM's two vCPUs can be

@@ -11,6 +11,16 @@ closer than the larger of their MADs are a tie: "at least as fast" (T <= 4) pass
 "faster" (T >= 8, and than oneDNN) does not.
 A target whose comparison row did not run (unsupported, wrong, missing) is `n/a`, with the reason;
 it is never a pass.
+
+The AVX2 path (`hina:avx2`) is judged by its own set (issue 11 of this project: AVX2-only CPUs, where
+hina's kernel is the one to beat and there is no oneDNN bf16 path to compare with):
+  efficiency   >= 0.90 for T <= 4 (>= 0.80 on Qwen3-30B-A3B's 128 small experts), >= 0.55 of the
+               FMA roofline measured in the same round for T >= 16, >= 0.60 for T >= 64;
+  gemm         for T >= 16, >= 0.85x the fp32 GEMM rate torch reaches in the same run (`gemm_gflops`:
+               the achievable compute ceiling beside the register-only one);
+  peers        faster than every validated same-bytes peer at every T (beyond the MAD), by >= 1.3x
+               from T = 8;
+  numa         hina:avx2-numa never slower than hina:avx2 by more than the MAD.
 """
 from __future__ import annotations
 
@@ -47,25 +57,49 @@ def _f(r, c):
         return None
 
 
-def judge(rows: list[dict], backend: str) -> list[Verdict]:
-    """Verdicts for every (model, T, threads, numa) point where `backend` has a row."""
+def _points(rows: list[dict]) -> list[dict[str, dict]]:
+    """The rows by point (the FFN's Figure-10 points: same-experts routing), then by backend."""
     points: dict[tuple, dict[str, dict]] = {}
-    for r in rows:   # the FFN's Figure-10 points (same-experts routing) only
+    for r in rows:
         if (r.get("op") or "ffn") != "ffn" or (r.get("routing") or "same-experts") != "same-experts":
             continue
         points.setdefault(row_key(r, backend=False), {})[str(r.get("backend"))] = r
-    out: list[Verdict] = []
-    for by in points.values():
+    return list(points.values())
+
+
+def _mine(rows: list[dict], backend: str, out: list[Verdict]):
+    """(rows of the point by backend, `backend`'s row, the verdicts' common fields) at every point where
+    `backend` has an ok row; where its row is not ok, one `n/a` verdict goes to `out` instead."""
+    for by in _points(rows):
         me = by.get(backend)
         if me is None:
             continue
-        model, T, thr = me.get("model"), int(float(me["tokens_per_expert"])), int(float(me["threads"]))
-        numa = me.get("numa") or "default"
-        base = dict(model=model, T=T, threads=thr, numa=numa, backend=backend)
+        base = dict(model=me.get("model"), T=int(float(me["tokens_per_expert"])),
+                    threads=int(float(me["threads"])), numa=me.get("numa") or "default", backend=backend)
         if me.get("status") != "ok":
             out.append(Verdict(**base, target="all", want="an ok row", got=str(me.get("status")),
                                verdict="n/a", why=str(me.get("reason") or "")))
             continue
+        yield by, me, base
+
+
+def _same_bytes_peers(by: dict, me: dict) -> tuple[list[dict], list[str]]:
+    """(validated peer rows reading the same weight bytes as `me`, the peers that did not qualify)."""
+    bytes_me = _f(me, "weight_bytes")
+    peers = [r for b, r in by.items() if b.split(":")[0] in PEER_FAMILIES and r.get("status") == "ok"
+             and _f(r, "weight_bytes") == bytes_me and _f(r, "median_ms")]
+    others = sorted(b for b, r in by.items() if b.split(":")[0] in PEER_FAMILIES and r not in peers)
+    return peers, others
+
+
+def judge(rows: list[dict], backend: str) -> list[Verdict]:
+    """Verdicts for every (model, T, threads, numa) point where `backend` has a row (the AVX2 path
+    by its own set: judge_avx2)."""
+    if backend.startswith("hina:avx2"):
+        return judge_avx2(rows, backend)
+    out: list[Verdict] = []
+    for by, me, base in _mine(rows, backend, out):
+        T = base["T"]
         t_me, mad_me = _f(me, "median_ms"), _f(me, "mad_ms") or 0.0
         eff = _f(me, "efficiency")
         if T <= 4 or T >= 8:
@@ -87,10 +121,7 @@ def judge(rows: list[dict], backend: str) -> list[Verdict]:
                                got=f"{t_me:.2f} vs {t_od:.2f} ms ({t_od / t_me:.2f}x)"
                                    + (" (tie within MAD)" if tie else ""),
                                verdict="pass" if t_me < t_od and not tie else "fail"))
-        bytes_me = _f(me, "weight_bytes")
-        peers = [r for b, r in by.items() if b.split(":")[0] in PEER_FAMILIES and r.get("status") == "ok"
-                 and _f(r, "weight_bytes") == bytes_me and _f(r, "median_ms")]
-        others = sorted(b for b, r in by.items() if b.split(":")[0] in PEER_FAMILIES and r not in peers)
+        peers, others = _same_bytes_peers(by, me)
         if not peers:
             out.append(Verdict(**base, target="peers", want="best peer", got="-", verdict="n/a",
                                why="no peer ran validated on the same weight bytes"
@@ -107,6 +138,68 @@ def judge(rows: list[dict], backend: str) -> list[Verdict]:
         out.append(Verdict(**base, target="peers", want=want,
                            got=f"{t_me:.2f} vs {best['backend']} {t_p:.2f} ms ({t_p / t_me:.2f}x){note}",
                            verdict="pass" if ok else "fail"))
+    out.sort(key=lambda v: (v.model, v.numa, v.threads, v.T, v.target))
+    return out
+
+
+def _eff_bar_avx2(model: str, T: int) -> float | None:
+    if T <= 4:
+        return 0.80 if str(model).startswith("qwen3-30b") else 0.90
+    if T >= 64:
+        return 0.60
+    if T >= 16:
+        return 0.55
+    return None
+
+
+def judge_avx2(rows: list[dict], backend: str = "hina:avx2") -> list[Verdict]:
+    """The AVX2 path's targets (see the module docstring) at every point where `backend` has a row."""
+    out: list[Verdict] = []
+    for by, me, base in _mine(rows, backend, out):
+        model, T = base["model"], base["T"]
+        t_me, mad_me = _f(me, "median_ms"), _f(me, "mad_ms") or 0.0
+        bar = _eff_bar_avx2(model, T)
+        if bar is not None:
+            eff = _f(me, "efficiency")
+            out.append(Verdict(**base, target="efficiency", want=f">= {bar:.2f}",
+                               got="-" if eff is None else f"{eff:.2f}",
+                               verdict="n/a" if eff is None else ("pass" if eff >= bar else "fail"),
+                               why=f"{me.get('bound')}-bound, peak {_f(me, 'peak_gflops') or 0:.0f} GFLOP/s "
+                                   f"{me.get('peak_unit') or ''}".strip()))
+        if T >= 16:
+            g, gemm = _f(me, "gflops"), _f(me, "gemm_gflops")
+            out.append(Verdict(**base, target="gemm", want=">= 0.85x torch fp32 GEMM",
+                               got="-" if not (g and gemm) else f"{g:.0f} vs {gemm:.0f} GFLOP/s ({g / gemm:.2f}x)",
+                               verdict="n/a" if not (g and gemm) else ("pass" if g >= 0.85 * gemm else "fail"),
+                               why="" if gemm else "the row has no gemm_gflops (made before hinabench measured it)"))
+        peers, others = _same_bytes_peers(by, me)
+        if not peers:
+            out.append(Verdict(**base, target="peers", want="faster than every peer", got="-", verdict="n/a",
+                               why="no peer ran validated on the same weight bytes"
+                               + (f" ({', '.join(others)} did not)" if others else "")))
+        else:
+            best = min(peers, key=lambda r: _f(r, "median_ms"))
+            t_p, mad_p = _f(best, "median_ms"), _f(best, "mad_ms") or 0.0
+            tie = abs(t_me - t_p) < max(mad_me, mad_p)
+            ratio = t_p / t_me
+            if T >= 8:
+                ok, want = ratio >= 1.3 and not tie, ">= 1.3x the best peer"
+            else:
+                ok, want = t_me < t_p and not tie, "< best peer (by more than the MAD)"
+            out.append(Verdict(**base, target="peers", want=want,
+                               got=f"{t_me:.2f} vs {best['backend']} {t_p:.2f} ms ({ratio:.2f}x)"
+                                   + (" (tie within MAD)" if tie else ""), verdict="pass" if ok else "fail"))
+        if not backend.endswith("-numa"):
+            nu = by.get(backend + "-numa")
+            if nu is None or nu.get("status") != "ok":
+                out.append(Verdict(**base, target="numa", want=f"{backend}-numa <= plain + MAD", got="-",
+                                   verdict="n/a", why=f"{backend}-numa " + ("has no row" if nu is None else
+                                                                          f"{nu.get('status')}")))
+            else:
+                t_n, mad_n = _f(nu, "median_ms"), _f(nu, "mad_ms") or 0.0
+                ok = t_n <= t_me + max(mad_me, mad_n)
+                out.append(Verdict(**base, target="numa", want=f"{backend}-numa <= plain + MAD",
+                                   got=f"{t_n:.2f} vs {t_me:.2f} ms", verdict="pass" if ok else "fail"))
     out.sort(key=lambda v: (v.model, v.numa, v.threads, v.T, v.target))
     return out
 
