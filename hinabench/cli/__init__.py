@@ -6,6 +6,7 @@
   numa, env    the NUMA tools and the peers' environments
   fleet.py     fleet run, status                       (a suite on every host of a Ray cluster)
   reproduce.py reproduce                               (every paper figure this machine can make)
+  e2e.py       e2e                                     (whole-model prefill/decode per engine: Figs 12-14, Table 4)
 Every command that prints rows takes --format (hinabench/report/render.py's renderers).
 """
 from __future__ import annotations
@@ -80,8 +81,8 @@ def cli():
 
 def _attach() -> None:
     # Imported here (not lazily swallowed): a broken module is an error, not a vanished command.
-    from . import env, fleet, machine, numa, reproduce, results, run
-    for mod in (machine, run, results, reproduce):
+    from . import e2e, env, fleet, machine, numa, reproduce, results, run
+    for mod in (machine, run, results, reproduce, e2e):
         for c in mod.COMMANDS:
             cli.add_command(c)
     cli.add_command(numa.numa)

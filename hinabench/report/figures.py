@@ -553,8 +553,18 @@ FIGURES = {"fig1": fig1, "fig4": fig4, "fig10": fig10, "fig11": fig11, "fig15": 
 # The rows behind each figure, every status kept (what `hinabench report` shows beside the figure).
 FIGURE_ROWS = {"fig1": fig1_points, "fig4": fig4_points, "fig10": ffn_points, "fig11": quant_points,
                "fig15": _fig15_rows}
+# End to end (hinabench/e2e/figures.py): Figures 12-14 and Table 4
+from ..e2e import figures as _e2e  # noqa: E402
+
+FIGURES.update({"fig12": _e2e.fig12, "fig13": _e2e.fig13, "fig14": _e2e.fig14, "table4": _e2e.table4})
+FIGURE_ROWS.update({k: _e2e.e2e_points for k in ("fig12", "fig13", "fig14")})
+FIGURE_ROWS["table4"] = lambda df: _e2e.table4_rows(_e2e.e2e_points(df))
 TITLES = {"fig1": "Figure 1: CPU vs GPU expert-FFN throughput by batch",
           "fig4": "Figure 4: memory-bandwidth utilisation of the MoE FFN in decode, per method",
           "fig10": "Figure 10: expert-FFN latency vs tokens per expert, with the roofline",
           "fig11": "Figure 11: quantized (INT8, FP8) expert-FFN speedup over the peers",
-          "fig15": "Figure 15: remote-DRAM traffic, weights interleaved"}
+          "fig15": "Figure 15: remote-DRAM traffic, weights interleaved",
+          "fig12": "Figure 12: end-to-end decode at batch 1, per engine (per layer, and projected to full depth)",
+          "fig13": "Figure 13: batch decode throughput and the MoE FFN's share of a decode step",
+          "fig14": "Figure 14: decode ablation (baseline -> +m HiNa FFN -> +m+a HiNa attention)",
+          "table4": "Table 4: prefill throughput by prompt length"}

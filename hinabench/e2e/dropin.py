@@ -1,0 +1,30 @@
+"""The HiNa-MoE expert FFN dropped into transformers: this whole file is the patch.
+
+transformers (>= 5) dispatches every `@use_experts_implementation` experts module (Qwen3-MoE, Qwen2-MoE,
+Mixtral, ...) through its ExpertsInterface by `config._experts_implementation`. Registering one
+function there and selecting it is the integration: the expert weights stay in the fused
+`gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I] parameters transformers loaded, read in place by
+the kernel (no copy, no repack). The router, the shared expert and attention stay transformers' own.
+`hinabench e2e --show-patch` prints this file and counts its code lines.
+"""
+import torch
+from transformers.integrations.moe import ExpertsInterface
+
+from hinabench.kernels import moe_ffn
+
+
+def hina_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    if self.has_bias or not self.has_gate or self.is_transposed or not self.is_concatenated:
+        raise NotImplementedError("hina experts: fused [gate; up] weights without bias only")
+    x = hidden_states.to(torch.bfloat16)
+    out = moe_ffn(x, None, None, self.down_proj, top_k_index, top_k_weights.float(), w13=self.gate_up_proj)
+    return out.to(hidden_states.dtype)
+
+
+ExpertsInterface.register("hina", hina_experts_forward)
+
+
+def use_hina(model):
+    """Route `model`'s expert FFNs through the HiNa kernel (transformers' own API)."""
+    model.set_experts_implementation("hina")
+    return model

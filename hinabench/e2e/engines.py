@@ -1,0 +1,107 @@
+"""The end-to-end engines: which can run here, and why not when one cannot.
+
+  hf            transformers eager, as shipped (its default experts implementation), in this process
+  hina          the same model with dropin.py (the HiNa expert FFN through transformers' experts interface)
+  hina+l        hina plus the dense projections (q/k/v/o, LM head) on the HiNa linear kernel
+  hina+a        hina plus decode attention through transformers' attention interface: needs issue 14's kernel
+  vllm          vLLM-CPU on the same checkpoint, in the `vllm` environment (vllm_run.py)
+  llamacpp:bf16, llamacpp:q8_0   a GGUF of the same weights (gguf_writer.py) through llama-cpp-python in
+                the `llamacpp` environment (llamacpp_run.py; batch 1 only; not yet run on a real env here)
+  ipex          ipex.llm.optimize on the transformers model
+  kt            KTransformers' engine
+"""
+from __future__ import annotations
+
+ENGINES = ("hina", "hf", "hina+l", "hina+a", "vllm", "llamacpp:bf16", "llamacpp:q8_0", "ipex", "kt")
+IN_PROCESS = ("hf", "hina", "hina+l")
+DESCRIPTIONS = {
+    "hf": "transformers eager (its default experts implementation), bf16",
+    "hina": "transformers + the HiNa expert FFN via ExpertsInterface (hinabench/e2e/dropin.py), bf16",
+    "hina+l": "hina + the dense projections and LM head on the HiNa linear kernel (dropin_linear.py), bf16",
+    "hina+a": "hina + HiNa decode attention via transformers' attention interface",
+    "vllm": "vLLM-CPU (bf16, eager, its own process and env)",
+    "llamacpp:bf16": "llama.cpp via llama-cpp-python, GGUF BF16 of the same weights",
+    "llamacpp:q8_0": "llama.cpp via llama-cpp-python, GGUF Q8_0 of the same weights",
+    "ipex": "Intel Extension for PyTorch, ipex.llm.optimize on the transformers model",
+    "kt": "KTransformers' inference engine",
+}
+
+
+def expand(names: list[str]) -> list[str]:
+    """Engine names from --engines: `llamacpp` means both of its GGUF types; `all` every engine."""
+    from ..errors import UserError
+    out: list[str] = []
+    for n in names:
+        n = n.strip().lower()
+        if n == "all":
+            out += list(ENGINES)
+        elif n == "llamacpp":
+            out += ["llamacpp:bf16", "llamacpp:q8_0"]
+        elif n in ENGINES:
+            out.append(n)
+        else:
+            raise UserError(f"unknown engine '{n}'; known: {', '.join(ENGINES)}, llamacpp, all")
+    return list(dict.fromkeys(out))
+
+
+def status(engine: str) -> tuple[str, str]:
+    """('ok', '') when `engine` can run here, else (row status, reason in words)."""
+    from .. import envs
+    if engine in IN_PROCESS:
+        try:
+            import transformers  # noqa: F401
+            from transformers.integrations.moe import ExpertsInterface  # noqa: F401
+        except ImportError as e:
+            return "unavailable", f"transformers with an experts interface (>= 5) is not installed ({e}): pip install -e '.[e2e]'"
+        if engine in ("hina", "hina+l"):
+            from ..kernels import isa_status, resolve_isa
+            try:
+                isa = resolve_isa("auto")
+            except Exception as e:  # noqa: BLE001
+                return "unavailable", f"the HiNa kernel cannot run here: {e}"
+            if not isa_status(isa)[0]:
+                return "unavailable", isa_status(isa)[1]
+        return "ok", ""
+    if engine == "hina+a":
+        import importlib.util
+        if importlib.util.find_spec("hinabench.kernels_attention") is None and not _has_attention_kernel():
+            return "unsupported", "no attention kernel yet (issue 14): hina+a needs HiNa decode attention"
+        return "unsupported", "the attention drop-in is not written yet (issue 14's kernel exists)"
+    if engine == "vllm":
+        ok, why = envs.usable("vllm")
+        return ("ok", "") if ok else ("unavailable", why)
+    if engine.startswith("llamacpp"):
+        ok, why = envs.usable("llamacpp")
+        if not ok:
+            return "unavailable", (f"{why} (a ~14-minute source build of llama-cpp-python on 2 cores); the GGUF "
+                                   f"it would load is written by `hinabench e2e --gguf`")
+        return "ok", ""
+    if engine == "ipex":
+        return "unsupported", ("ipex.llm.optimize needs AVX-512 (bf16 prepack/brgemm): on an AVX2-only CPU IPEX "
+                               "refuses it (MACHINE-NOTES); and its env (`hinabench env create ipex`, 6.7 GiB) is absent"
+                               if not _cpu_has("avx512f") else
+                               "the ipex engine is not written yet (`hinabench env create ipex` makes its env)")
+    if engine == "kt":
+        return "unsupported", ("KTransformers' engine is a server that puts attention on a GPU and its MoE on "
+                               "kt-kernel with its own weight conversion; not integrated here (kt-kernel's MoE "
+                               "op alone is the `kt` backend of `hinabench ffn`)")
+    return "unsupported", f"unknown engine {engine}"
+
+
+def _has_attention_kernel() -> bool:
+    try:
+        from .. import kernels
+    except ImportError:
+        return False
+    return hasattr(kernels, "decode_attention") or hasattr(kernels, "attention")
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return flag in line.split()
+    except OSError:
+        pass
+    return False

@@ -1,0 +1,406 @@
+"""Figures 12, 13, 14 and Table 4 from stored end-to-end rows (op = e2e), never from a live run.
+
+Per-layer cost comes from two depths of the same model, engine and batch: (t(N2) - t(N1)) / (N2 - N1),
+so the embedding and the LM head (151936 x 2048 for Qwen3) do not dominate a few-layer model. A
+full-depth figure is t(N1) + (L - N1) x per-layer, always labelled *projected*.
+fig12  decode speed at batch 1 per model and engine (projected full depth) and the per-layer step
+fig13  decode tokens/s by batch (left) and the share of a decode step in the MoE experts and attention (right)
+fig14  the ablation: baseline (transformers) -> +m (HiNa expert FFN) -> +m+a (HiNa attention), per-layer
+table4 prefill throughput (tokens/s) by prompt length, batch 1
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import UserError
+from ..harness.store import load_frame
+
+NUM = ("layers", "batch_size", "prompt_tokens", "gen_tokens", "full_layers", "median_ms", "mad_ms", "tokens_per_s",
+       "ffn_share", "attn_share", "ffn_ms", "attn_ms", "ttft_ms", "tpot_ms", "read_gbps", "layer_bytes",
+       "step_bytes", "rel_err", "samples")
+ABLATION = (("baseline", "hf"), ("+m", "hina"), ("+m+l", "hina+l"), ("+m+a", "hina+a"))
+
+
+def e2e_points(df):
+    """Every end-to-end row (all statuses), numbers as numbers."""
+    import pandas as pd
+    if "op" not in df:
+        return df.iloc[0:0]
+    df = df[df["op"] == "e2e"].copy()
+    for c in NUM:
+        if c in df:
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df
+
+
+def _load(results, frame):
+    df = e2e_points(load_frame(results) if frame is None else frame)
+    if df.empty:
+        raise UserError("no end-to-end rows (op e2e) in the results given: run `hinabench e2e` first")
+    from ..report.figures import _one_machine
+    _one_machine(df, "the end-to-end figures")
+    return df
+
+
+def per_layer(df, phase: str = "decode"):
+    """Rows of (model, engine, batch, prompt, per_layer_ms, mad_ms, depths, t_ms at the shallowest depth,
+    full_layers): the per-layer cost from the two shallowest depths with ok rows."""
+    import pandas as pd
+    ok = df[(df["status"] == "ok") & (df["phase"] == phase)]
+    out = []
+    for (model, eng, b, p), g in ok.groupby(["model", "backend", "batch_size", "prompt_tokens"]):
+        g = g.sort_values("layers")
+        depths = list(dict.fromkeys(g["layers"]))
+        if len(depths) < 2:
+            r = g.iloc[0]
+            out.append(dict(model=model, engine=eng, batch=int(b), prompt=int(p), per_layer_ms=None, mad_ms=None,
+                            depths=f"{int(depths[0])}", t1_ms=r["median_ms"], n1=int(depths[0]),
+                            full_layers=int(r["full_layers"]), projected_ms=None, raw_ms=None))
+            continue
+        r1, r2 = g[g["layers"] == depths[0]].iloc[-1], g[g["layers"] == depths[1]].iloc[-1]
+        n1, n2 = int(depths[0]), int(depths[1])
+        pl = (r2["median_ms"] - r1["median_ms"]) / (n2 - n1)
+        mad = ((r1["mad_ms"] ** 2 + r2["mad_ms"] ** 2) ** 0.5) / (n2 - n1)
+        L = int(r1["full_layers"])
+        if not pl > 0:   # the deeper model was not slower: the machine's noise, not a cost; no projection
+            out.append(dict(model=model, engine=eng, batch=int(b), prompt=int(p), per_layer_ms=None, mad_ms=mad,
+                            depths=f"{n1},{n2}", t1_ms=r1["median_ms"], n1=n1, full_layers=L, projected_ms=None,
+                            raw_ms=pl))
+            continue
+        out.append(dict(model=model, engine=eng, batch=int(b), prompt=int(p), per_layer_ms=pl, mad_ms=mad,
+                        depths=f"{n1},{n2}", t1_ms=r1["median_ms"], n1=n1, full_layers=L,
+                        projected_ms=r1["median_ms"] + (L - n1) * pl, raw_ms=pl))
+    return pd.DataFrame(out)
+
+
+def _status_notes(df, engines=None) -> list[str]:
+    notes = []
+    bad = df[df["status"] != "ok"]
+    for eng, g in bad.groupby("backend"):
+        if engines and eng not in engines:
+            continue
+        notes.append(f"{eng}: {g['status'].iloc[0]} ({str(g['reason'].iloc[0])[:150]})")
+    return notes
+
+
+def _caption(df, what: str, notes: list[str]) -> str:
+    fp = str(df["fingerprint"].dropna().iloc[0]) if "fingerprint" in df and df["fingerprint"].notna().any() else ""
+    return "\n".join([what, fp] + notes)
+
+
+def fig12(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from ..report.figures import _save
+    df = _load(results, frame)
+    pl = per_layer(df)
+    pl = pl[pl["batch"] == 1] if len(pl) else pl
+    if pl.empty:
+        raise UserError("fig12 needs ok decode rows at batch 1")
+    models = list(dict.fromkeys(pl["model"]))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    engines = list(dict.fromkeys(pl["engine"]))
+    w = 0.8 / max(len(engines), 1)
+    seen: set[str] = set()
+
+    def once(label):
+        if label in seen:
+            return None
+        seen.add(label)
+        return label
+    for i, eng in enumerate(engines):
+        for j, m in enumerate(models):
+            r = pl[(pl["engine"] == eng) & (pl["model"] == m)]
+            if r.empty:
+                continue
+            r = r.iloc[0]
+            if r["projected_ms"] is not None and r["projected_ms"] == r["projected_ms"]:
+                axes[0].bar(j + i * w, 1000 / r["projected_ms"], w, label=once(f"0{eng}") and eng, color=f"C{i}")
+                axes[1].bar(j + i * w, r["per_layer_ms"], w, yerr=r["mad_ms"], color=f"C{i}",
+                            label=once(f"1{eng}") and eng)
+            elif "," not in str(r["depths"]):
+                axes[1].bar(j + i * w, r["t1_ms"] / r["n1"], w, color=f"C{i}", hatch="//",
+                            label=once(f"2{eng}") and f"{eng} (one depth: whole step / N, LM head included)")
+    for ax in axes:
+        ax.set_xticks([j + 0.4 - w / 2 for j in range(len(models))], models)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    if not axes[0].patches:
+        axes[0].text(0.5, 0.5, "one depth only: no projection", ha="center", transform=axes[0].transAxes)
+    axes[0].set_ylabel("tokens/s, full depth (PROJECTED from two depths)")
+    axes[1].set_ylabel("decode ms per layer, batch 1 (median, +- MAD)")
+    fig.suptitle("Figure 12: end-to-end decode, batch 1")
+    notes = _status_notes(df)
+    cap = _caption(df, "Per-layer = (t(N2)-t(N1))/(N2-N1) of TPOT; full depth projected = t(N1) + (L-N1) x per-layer.", notes)
+    fig.text(0.01, 0.01, cap, fontsize=6, va="bottom")
+    fig.tight_layout(rect=(0, 0.03 + 0.025 * len(notes), 1, 0.95))
+    return _save(fig, "fig12", results, out_dir, cap, df)
+
+
+def fig13(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from ..report.figures import _save
+    df = _load(results, frame)
+    dec = df[(df["phase"] == "decode") & (df["status"] == "ok")]
+    if dec.empty:
+        raise UserError("fig13 needs ok decode rows")
+    model = dec["model"].iloc[0]
+    dec = dec[dec["model"] == model]
+    depth = int(dec["layers"].max())
+    dec = dec[dec["layers"] == depth]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    engines = list(dict.fromkeys(dec["backend"]))
+    for i, eng in enumerate(engines):
+        g = dec[dec["backend"] == eng].sort_values("batch_size")
+        axes[0].plot(g["batch_size"], g["tokens_per_s"], "o-", label=eng, color=f"C{i}")
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_xlabel("batch (sequences)")
+    axes[0].set_ylabel(f"decode tokens/s ({depth} layers, measured)")
+    axes[0].legend(fontsize=8)
+    sh = dec[dec["ffn_share"].notna()]
+    batches = sorted(set(sh["batch_size"].astype(int)))
+    eng_sh = list(dict.fromkeys(sh["backend"]))
+    w = 0.8 / max(len(eng_sh), 1)
+    for i, eng in enumerate(eng_sh):
+        g = sh[sh["backend"] == eng].set_index("batch_size")
+        xs = [k + i * w for k in range(len(batches))]
+        ffn = [100 * g.loc[b, "ffn_share"] if b in g.index else 0 for b in batches]
+        att = [100 * g.loc[b, "attn_share"] if b in g.index else 0 for b in batches]
+        axes[1].bar(xs, ffn, w, color=f"C{i}", label=f"{eng}: MoE experts")
+        axes[1].bar(xs, att, w, bottom=ffn, color=f"C{i}", alpha=0.4, hatch="..", label=f"{eng}: attention")
+    axes[1].set_xticks([k + 0.4 - w / 2 for k in range(len(batches))], [str(b) for b in batches])
+    axes[1].set_xlabel("batch")
+    axes[1].set_ylabel("% of a decode step (timers around the blocks)")
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"Figure 13: batch decoding, {model}, {depth} layers")
+    notes = _status_notes(df[df["model"] == model])
+    cap = _caption(df, f"{model} with {depth} layers (the LM head is in every step: shares are of the whole step).", notes)
+    fig.text(0.01, 0.01, cap, fontsize=6, va="bottom")
+    fig.tight_layout(rect=(0, 0.03 + 0.025 * len(notes), 1, 0.95))
+    return _save(fig, "fig13", results, out_dir, cap, df)
+
+
+def ablation(df):
+    """(model, step, engine, per-layer ms or None, speedup over baseline or None, status/reason)."""
+    pl = per_layer(df)
+    out = []
+    for model in dict.fromkeys(df["model"]):
+        base = pl[(pl["model"] == model) & (pl["engine"] == "hf") & (pl["batch"] == 1)] if len(pl) else pl
+        b = base.iloc[0]["per_layer_ms"] if len(base) else None
+        b = None if b is None or b != b else b
+        for step, eng in ABLATION:
+            r = pl[(pl["model"] == model) & (pl["engine"] == eng) & (pl["batch"] == 1)] if len(pl) else pl
+            v = r.iloc[0]["per_layer_ms"] if len(r) else None
+            v = None if v is None or v != v else v
+            rows = df[(df["model"] == model) & (df["backend"] == eng)]
+            if len(r) and not v:
+                why = "per-layer cost not above the noise (two depths)"
+            else:
+                why = "" if len(r) else (f"{rows['status'].iloc[0]}: {rows['reason'].iloc[0]}" if len(rows) else "not run")
+            # the whole decode step at the deepest depth both ran (labelled as such where per-layer is missing)
+            dec = df[(df["model"] == model) & (df["phase"] == "decode") & (df["batch_size"] == 1) & (df["status"] == "ok")]
+            step_speedup, depth = None, None
+            both = sorted(set(dec[dec["backend"] == "hf"]["layers"]) & set(dec[dec["backend"] == eng]["layers"]))
+            if both:
+                depth = int(both[-1])
+                t_hf = dec[(dec["backend"] == "hf") & (dec["layers"] == depth)]["median_ms"].iloc[-1]
+                t_e = dec[(dec["backend"] == eng) & (dec["layers"] == depth)]["median_ms"].iloc[-1]
+                step_speedup = t_hf / t_e
+            out.append(dict(model=model, step=step, engine=eng, per_layer_ms=v,
+                            speedup=(b / v) if (b and v) else None, why=why, step_speedup=step_speedup,
+                            step_depth=depth))
+    return out
+
+
+def fig14(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from ..report.figures import _save
+    df = _load(results, frame)
+    ab = ablation(df)
+    if not any(a["speedup"] or a["step_speedup"] for a in ab):
+        raise UserError("fig14 needs ok decode rows of hf and hina at batch 1")
+    models = list(dict.fromkeys(a["model"] for a in ab))
+    fig, ax = plt.subplots(figsize=(10, 5.2))
+    w = 0.8 / len(ABLATION)
+    for i, (step, _) in enumerate(ABLATION):
+        for j, m in enumerate(models):
+            a = next(x for x in ab if x["model"] == m and x["step"] == step)
+            if a["speedup"]:
+                ax.bar(j + i * w, a["speedup"], w, color=f"C{i}", label=step if j == 0 else None)
+                ax.text(j + i * w, a["speedup"], f"{a['speedup']:.2f}x", ha="center", va="bottom", fontsize=8)
+            elif a["step_speedup"]:
+                ax.bar(j + i * w, a["step_speedup"], w, color=f"C{i}", hatch="//",
+                       label=f"{step} (whole step, {a['step_depth']} layers)" if j == 0 else None)
+                ax.text(j + i * w, a["step_speedup"], f"{a['step_speedup']:.2f}x", ha="center", va="bottom", fontsize=8)
+            else:
+                ax.text(j + i * w, 0.05, f"{step}: {a['why'][:40]}", rotation=90, fontsize=6, ha="center", va="bottom")
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(models))], models)
+    ax.set_ylabel("decode speedup over hf, batch 1\n(per layer; hatched: whole step)")
+    ax.set_xlim(-0.5, len(models) - 0.1)
+    ax.legend(fontsize=8)
+    fig.suptitle("Figure 14: decode ablation (baseline -> +m -> +m+a)")
+    notes = [f"{a['model']} {a['step']}: {a['why'][:150]}" for a in ab if not a["speedup"] and a["step"] != "baseline" and a["why"]]
+    cap = _caption(df, "baseline = transformers' default experts (hf); +m = HiNa expert FFN via ExpertsInterface; "
+                       "+m+l = also the dense projections and LM head on the HiNa linear kernel (not in the paper's ablation); +m+a = HiNa decode attention.", notes)
+    fig.text(0.01, 0.01, cap, fontsize=6, va="bottom")
+    fig.tight_layout(rect=(0, 0.04 + 0.025 * len(notes), 1, 0.95))
+    return _save(fig, "fig14", results, out_dir, cap, df)
+
+
+def table4_rows(df):
+    """Prefill throughput rows: ok prefill rows at batch 1, tokens/s by prompt length."""
+    if df.empty or "phase" not in df or "batch_size" not in df:
+        return df.iloc[0:0]
+    p = df[(df["phase"] == "prefill") & (df["batch_size"] == 1)]
+    return p
+
+
+def table4(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from ..report.figures import _save
+    df = _load(results, frame)
+    p = table4_rows(df)
+    p = p[p["status"] == "ok"]
+    if p.empty:
+        raise UserError("table4 needs ok prefill rows at batch 1 (hinabench e2e --prefill 512,1024,...)")
+    text = table4_markdown(p)
+    fig, ax = plt.subplots(figsize=(10, 0.5 + 0.3 * text.count("\n")))
+    ax.axis("off")
+    ax.text(0, 1, text, family="monospace", fontsize=8, va="top")
+    fig.suptitle("Table 4: prefill throughput (tokens/s, batch 1)")
+    cap = _caption(df, "tokens/s = P / TTFT (median over rounds); per model and depth.", [])
+    return _save(fig, "table4", results, out_dir, cap, df)
+
+
+def table4_markdown(p) -> str:
+    lines = ["| model | layers | engine | " + " | ".join(f"P={int(x)}" for x in sorted(set(p["prompt_tokens"]))) + " |"]
+    Ps = sorted(set(p["prompt_tokens"]))
+    lines.append("|---" * (3 + len(Ps)) + "|")
+    for (m, L, eng), g in p.groupby(["model", "layers", "backend"]):
+        g = g.set_index("prompt_tokens")
+        cells = [f"{g.loc[x, 'tokens_per_s']:.0f}" if x in g.index else "" for x in Ps]
+        lines.append(f"| {m} | {int(L)} | {eng} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary_table(rows: list[dict]) -> str:
+    """The rows just measured, as Markdown: median +- MAD, tokens/s, shares, status."""
+    lines = ["| model | layers | engine | phase | B | P | median ms | MAD | tok/s | FFN % | attn % | rel_err | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def f(v, fmt):
+        try:
+            return format(float(v), fmt)
+        except (TypeError, ValueError):
+            return ""
+    for r in rows:
+        share = lambda k: f(100 * float(r[k]), ".0f") if r.get(k) is not None else ""  # noqa: E731
+        lines.append(f"| {r['model']} | {r['layers']} | {r['backend']} | {r['phase']} | {r['batch_size']} | "
+                     f"{r['prompt_tokens']} | {f(r.get('median_ms'), '.1f')} | {f(r.get('mad_ms'), '.1f')} | "
+                     f"{f(r.get('tokens_per_s'), '.1f')} | {share('ffn_share')} | {share('attn_share')} | "
+                     f"{f(r.get('rel_err'), '.1e')} | {r['status']}{(': ' + str(r['reason'])[:60]) if r.get('reason') else ''} |")
+    return "\n".join(lines)
+
+
+def tables(df) -> str:
+    """The note's tables from stored rows: decode and prefill per depth (median +- MAD), the per-layer
+    cost from two depths with the speedups and the roofline ratio, and the issue's targets judged."""
+    df = e2e_points(df)
+    if df.empty:
+        raise UserError("no end-to-end rows (op e2e) in the results given")
+    out = ["### Decode (TPOT) and prefill (TTFT) per depth", "",
+           "| model | layers | engine | B | TTFT ms | TPOT ms (median +- MAD) | tok/s | FFN % | attn % | rel_err | status |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    dec = df[df["phase"] == "decode"].sort_values(["model", "layers", "batch_size", "backend"])
+    for _, r in dec.iterrows():
+        pre = df[(df["phase"] == "prefill") & (df["model"] == r["model"]) & (df["layers"] == r["layers"])
+                 & (df["backend"] == r["backend"]) & (df["batch_size"] == r["batch_size"])
+                 & (df["prompt_tokens"] == r["prompt_tokens"])]
+        ttft = pre["median_ms"].iloc[-1] if len(pre) and pre["median_ms"].notna().any() else None
+        if r["status"] != "ok" and r["status"] != "wrong":
+            out.append(f"| {r['model']} | {int(r['layers'])} | {r['backend']} | {int(r['batch_size'])} | | | | | | | "
+                       f"{r['status']}: {str(r['reason'])[:80]} |")
+            continue
+        f = lambda v, fmt=".1f": "" if v is None or v != v else format(v, fmt)  # noqa: E731
+        out.append(f"| {r['model']} | {int(r['layers'])} | {r['backend']} | {int(r['batch_size'])} | {f(ttft, '.0f')} | "
+                   f"{f(r['median_ms'])} +- {f(r['mad_ms'])} | {f(r['tokens_per_s'], '.2f')} | "
+                   f"{f(100 * r['ffn_share'], '.0f') if r['ffn_share'] == r['ffn_share'] else ''} | "
+                   f"{f(100 * r['attn_share'], '.0f') if r['attn_share'] == r['attn_share'] else ''} | "
+                   f"{f(r['rel_err'], '.1e')} | {r['status']} |")
+    pl = per_layer(df)
+    out += ["", "### Per layer (decode, from two depths)", "",
+            "| model | engine | B | depths | ms per layer (+- MAD) | roofline ms/layer | ratio | projected full-depth tok/s |",
+            "|---|---|---|---|---|---|---|---|"]
+    roof = {}
+    for _, r in pl.iterrows():
+        rows = df[(df["phase"] == "decode") & (df["status"] == "ok") & (df["model"] == r["model"])
+                  & (df["backend"] == r["engine"]) & (df["batch_size"] == r["batch"])]
+        rl = None
+        if len(rows) and rows["layer_bytes"].notna().any() and rows["read_gbps"].notna().any():
+            rl = rows["layer_bytes"].max() / (rows["read_gbps"].max() * 1e9) * 1e3
+        roof[(r["model"], r["engine"], r["batch"])] = rl
+        v = r["per_layer_ms"]
+        raw = r.get("raw_ms")
+        if (v is None or v != v) and raw is not None and raw == raw:
+            out.append(f"| {r['model']} | {r['engine']} | {r['batch']} | {r['depths']} | {raw:.2f} +- {r['mad_ms']:.2f} "
+                       f"(not positive: noise) | | | |")
+            continue
+        if v is None or v != v:
+            out.append(f"| {r['model']} | {r['engine']} | {r['batch']} | {r['depths']} | (one depth) | | | |")
+            continue
+        proj = 1000 * r["batch"] / r["projected_ms"] if r["projected_ms"] else None
+        out.append(f"| {r['model']} | {r['engine']} | {r['batch']} | {r['depths']} | {v:.2f} +- {r['mad_ms']:.2f} | "
+                   f"{'' if rl is None else format(rl, '.2f')} | {'' if rl is None else format(v / rl, '.2f')} | "
+                   f"{'' if proj is None else format(proj, '.2f')} (projected) |")
+    out += ["", "### The issue's targets (batch 1, per layer, same day)", ""]
+
+    noisy = set()
+
+    def layer(m, e):
+        r = pl[(pl["model"] == m) & (pl["engine"] == e) & (pl["batch"] == 1)] if len(pl) else pl
+        v = r["per_layer_ms"].iloc[0] if len(r) else None
+        if v is None or v != v:
+            if len(r) and r["raw_ms"].iloc[0] == r["raw_ms"].iloc[0] and r["raw_ms"].iloc[0] is not None:
+                noisy.add((m, e))
+            return None
+        if v < 2 * r["mad_ms"].iloc[0]:   # the deeper model was not reliably slower: noise, no verdict
+            noisy.add((m, e))
+            return None
+        return v
+    for m in dict.fromkeys(df["model"]):
+        h = layer(m, "hina")
+        for other, need in (("hf", 1.5), ("vllm", 1.2), ("llamacpp:bf16", 1.0)):
+            o = layer(m, other)
+            if h is None or o is None:
+                st = df[(df["model"] == m) & (df["backend"] == other)]["status"]
+                bad = [e for e in ("hina", other) if (m, e) in noisy]
+                why = (f"{other} {st.iloc[0]}" if len(st) and st.iloc[0] != "ok" else
+                       f"the per-layer cost of {' and '.join(bad)} is not above twice its spread (two depths, noisy machine)"
+                       if bad else f"no per-layer {other if h else 'hina'} cost")
+                out.append(f"- {m}: hina >= {need}x {other} per layer: n/a ({why})")
+            else:
+                out.append(f"- {m}: hina >= {need}x {other} per layer: {o / h:.2f}x -> {'PASS' if o / h >= need else 'FAIL'}"
+                           f" ({h:.2f} vs {o:.2f} ms)")
+        rl = roof.get((m, "hina", 1))
+        if h is not None and rl:
+            out.append(f"- {m}: hina per layer within 1.25x of its roofline: {h / rl:.2f}x -> "
+                       f"{'PASS' if h / rl <= 1.25 else 'FAIL'} ({h:.2f} ms vs {rl:.2f} ms)")
+        pre = df[(df["phase"] == "prefill") & (df["model"] == m) & (df["batch_size"] == 1) & (df["status"] == "ok")
+                 & (df["prompt_tokens"] == 128)]
+        for L in sorted(set(pre["layers"])):
+            g = pre[pre["layers"] == L].set_index("backend")["median_ms"]
+            if "hina" in g and "hf" in g:
+                out.append(f"- {m} L{int(L)}: TTFT(128) hina <= hf: {g['hina']:.0f} vs {g['hf']:.0f} ms -> "
+                           f"{'PASS' if g['hina'] <= g['hf'] else 'FAIL'}")
+    t4 = table4_rows(df)
+    t4 = t4[t4["status"] == "ok"] if len(t4) else t4
+    if len(t4):
+        out += ["", "### Prefill throughput (tokens/s, batch 1; Table 4)", "", table4_markdown(t4)]
+    return "\n".join(out)

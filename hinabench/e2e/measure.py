@@ -1,0 +1,235 @@
+"""Validation, then timing, of the in-process engines (`hf`, `hina`) on one checkpoint.
+
+Both engines are the *same* transformers model object: `hf` runs it as transformers ships it (its
+default experts implementation), `hina` after `dropin.use_hina` (transformers' experts interface),
+so the weights are loaded once and the two are timed in interleaved rounds.
+
+Validation (before any timing): teacher-forced logits of the validation prompt against transformers
+in float32 on the same checkpoint and ids (relative L2 over all positions, `LOGIT_TOLERANCE`), argmax
+agreement per position and the first greedy steps. Random weights give near-uniform logits, so argmax
+is fragile: only the logits decide `wrong`; the argmax figures are reported beside them. When the fp32
+model does not fit in the memory budget, the reference is transformers' own bf16 run (eager experts),
+and the row says so.
+
+Timing: TTFT is one prefill of B x P prompt tokens (a fresh cache, logits of the last position, argmax);
+TPOT is each decode step after it (one token per sequence, the cache growing from P), median and MAD
+over the steps of every round. The FFN's and attention's share of decode comes from a separate pass with
+timers (forward hooks) around every experts module and every attention module.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..harness.stats import summarize
+
+LOGIT_TOLERANCE = 0.03       # relative L2 of the prompt logits against transformers fp32 (bf16 weights and activations)
+VALIDATE_TOKENS = 32
+GREEDY_STEPS = 4
+
+
+def moe_blocks(model):
+    """(experts modules, attention modules) of every decoder layer."""
+    experts, attn = [], []
+    for layer in model.model.layers:
+        moe = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+        if moe is not None and hasattr(moe, "experts"):
+            experts.append(moe.experts)
+        attn.append(layer.self_attn)
+    return experts, attn
+
+
+def load(path: Path, dtype=torch.bfloat16, experts: str | None = None):
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    kw = {"experts_implementation": experts} if experts else {}
+    m = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kw)
+    m.eval()
+    return m
+
+
+def set_engine(model, engine: str, default_impl: str) -> str:
+    """Put the model in `engine`'s configuration; returns the experts implementation in use."""
+    from . import dropin_linear
+    if engine in ("hina", "hina+l"):
+        from . import dropin
+        dropin.use_hina(model)
+    else:
+        model.set_experts_implementation(default_impl)
+    dropin_linear.use_hina_linear(model, on=engine == "hina+l")
+    return model.config._experts_implementation + (" linear=hina" if engine == "hina+l" else "")
+
+
+# ---- validation --------------------------------------------------------------------------------------
+@dataclass
+class Reference:
+    ids: torch.Tensor            # [1, Pv]
+    logits: torch.Tensor         # [Pv, V] float32
+    greedy: list[int]            # the reference's first greedy tokens after the prompt
+    what: str                    # "transformers fp32" or why another reference
+
+
+@torch.inference_mode()
+def _greedy(model, ids, steps: int) -> list[int]:
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    toks = []
+    for _ in range(steps):
+        nxt = out.logits[:, -1].float().argmax(-1, keepdim=True)
+        toks.append(int(nxt))
+        out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+    return toks
+
+
+def reference(ck, ids: torch.Tensor, mem_budget: int, echo=print) -> Reference:
+    """transformers fp32 logits of `ids` on checkpoint `ck`, cached beside it; if fp32 does not fit in
+    `mem_budget` bytes, transformers' bf16 run with its eager experts (said so in `what`)."""
+    tag = "-".join(str(int(i)) for i in ids[0, :4].tolist()) + f"-{ids.shape[1]}"
+    cache_file = Path(ck.path) / f"reference-{tag}.pt"
+    if cache_file.exists():
+        d = torch.load(cache_file)
+        return Reference(ids, d["logits"], d["greedy"], d["what"])
+    need = 2 * ck.bytes + (1 << 30)          # fp32 weights and 1 GiB for activations and the loader
+    fits = need <= mem_budget
+    dtype = torch.float32 if fits else torch.bfloat16
+    what = "transformers fp32" if fits else (
+        f"transformers bf16 with eager experts (fp32 needs {need / 2**30:.1f} GiB with headroom, over the "
+        f"{mem_budget / 2**30:.1f} GiB budget)")
+    echo(f"  reference: {what}")
+    m = load(ck.path, dtype, experts="eager")
+    with torch.inference_mode():
+        logits = m(input_ids=ids).logits[0].float()
+    greedy = _greedy(m, ids, GREEDY_STEPS)
+    del m
+    gc.collect()
+    torch.save({"logits": logits, "greedy": greedy, "what": what}, cache_file)
+    return Reference(ids, logits, greedy, what)
+
+
+@torch.inference_mode()
+def validate(model, ref: Reference) -> dict:
+    from ..problems.validate import rel_err
+    logits = model(input_ids=ref.ids).logits[0].float()
+    err = rel_err(logits, ref.logits)
+    agree = float((logits.argmax(-1) == ref.logits.argmax(-1)).float().mean())
+    greedy = _greedy(model, ref.ids, GREEDY_STEPS)
+    match = 0
+    for a, b in zip(greedy, ref.greedy):
+        if a != b:
+            break
+        match += 1
+    return {"rel_err": err, "argmax_agree": agree, "greedy_match": f"{match}/{len(ref.greedy)}",
+            "ok": err <= LOGIT_TOLERANCE}
+
+
+# ---- timing ------------------------------------------------------------------------------------------
+@torch.inference_mode()
+def generate_timed(model, ids: torch.Tensor, gen: int) -> tuple[float, list[float]]:
+    """(TTFT seconds, [seconds of each decode step]) for prompt `ids` [B, P] and `gen` new tokens."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    t0 = time.perf_counter()
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    ttft = time.perf_counter() - t0
+    steps = []
+    for _ in range(max(gen - 1, 0)):
+        t0 = time.perf_counter()
+        out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        steps.append(time.perf_counter() - t0)
+    return ttft, steps
+
+
+@torch.inference_mode()
+def prefill_timed(model, ids: torch.Tensor) -> float:
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    t0 = time.perf_counter()
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    out.logits[:, -1].argmax(-1)
+    return time.perf_counter() - t0
+
+
+@dataclass
+class BlockTimes:
+    ffn: float = 0.0
+    attn: float = 0.0
+    touched: list[int] = field(default_factory=list)
+
+
+@contextmanager
+def block_timers(model):
+    """Timers around every experts module and attention module (forward pre/post hooks); also the
+    number of distinct experts each experts call touches."""
+    experts, attn = moe_blocks(model)
+    bt = BlockTimes()
+    start = {}
+    hooks = []
+
+    def pre(kind):
+        def f(mod, args, kwargs=None):
+            start[id(mod)] = time.perf_counter()
+            if kind == "ffn" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
+                bt.touched.append(int(torch.unique(args[1]).numel()))
+        return f
+
+    def post(kind):
+        def f(mod, args, out):
+            dt = time.perf_counter() - start.pop(id(mod), time.perf_counter())
+            if kind == "ffn":
+                bt.ffn += dt
+            else:
+                bt.attn += dt
+        return f
+
+    for kind, mods in (("ffn", experts), ("attn", attn)):
+        for mod in mods:
+            hooks.append(mod.register_forward_pre_hook(pre(kind)))
+            hooks.append(mod.register_forward_hook(post(kind)))
+    try:
+        yield bt
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@torch.inference_mode()
+def decode_shares(model, ids: torch.Tensor, steps: int = 16) -> dict:
+    """Per decode step: ms in the experts, ms in attention, the step's ms, distinct experts touched
+    per layer (a pass of its own, with timers; not the timed one)."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    with block_timers(model) as bt:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        total = time.perf_counter() - t0
+    return {"ffn_ms": bt.ffn / steps * 1e3, "attn_ms": bt.attn / steps * 1e3, "step_ms": total / steps * 1e3,
+            "ffn_share": bt.ffn / total, "attn_share": bt.attn / total,
+            "experts_touched": sum(bt.touched) / max(len(bt.touched), 1)}
+
+
+def read_probe(model, threads: int) -> tuple[float, str]:
+    """Same-process read bandwidth over the first layer's expert weights (where transformers keeps them)."""
+    from ..machine.probes import read_gbps
+    experts, _ = moe_blocks(model)
+    e = experts[0]
+    bufs = [(t.data_ptr(), t.numel() * t.element_size()) for t in (e.gate_up_proj, e.down_proj)]
+    gbps, name, _ = read_gbps(bufs, threads)
+    return gbps, name
+
+
+def stats(samples_s: list[float]) -> dict:
+    return summarize(samples_s)

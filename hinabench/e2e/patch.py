@@ -1,0 +1,29 @@
+"""The drop-in's text and its size in lines of code (what `hinabench e2e --show-patch` prints)."""
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from pathlib import Path
+
+
+def code_lines(source: str) -> int:
+    """Lines holding code: not blank, not only a comment, not part of a docstring."""
+    doc_lines: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                doc_lines.update(range(first.lineno, first.end_lineno + 1))
+    lines: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+                        tokenize.ENDMARKER):
+            continue
+        lines.update(range(tok.start[0], tok.end[0] + 1))
+    return len(lines - doc_lines)
+
+
+def patch_text() -> tuple[str, int]:
+    src = Path(__file__).with_name("dropin.py").read_text()
+    return src, code_lines(src)

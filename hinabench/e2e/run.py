@@ -1,0 +1,335 @@
+"""`hinabench e2e`: every engine on one checkpoint per depth, validated, then timed, rows stored.
+
+Per (model, depth): the checkpoint (written once), the fp32 reference, then the in-process engines
+(hf, hina: one transformers model, interleaved rounds), then the engines in their own processes (vllm, llamacpp)
+once the in-process model is freed, then rows for engines that cannot run here (status + reason).
+Rows: one `prefill` row (TTFT) and one `decode` row (TPOT, tokens/s, FFN and attention shares) per
+engine and batch; `prefill` rows at batch 1 for each --prefill length (Table 4).
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+from ..harness.loadmeter import LoadMeter
+from ..harness.stats import summarize, unstable
+from ..problems.e2e import E2EProblem
+from . import engines as E
+from . import measure as M
+from .checkpoint import checkpoint, checkpoint_bytes, hf_config, prompt_ids
+
+
+@dataclass
+class E2EConfig:
+    models: list[str]
+    layers: list[int]
+    prompt: int = 128
+    gen: int = 128
+    batches: list[int] = field(default_factory=lambda: [1])
+    engines: list[str] = field(default_factory=lambda: ["hina", "hf"])
+    prefill: list[int] = field(default_factory=list)        # Table 4 prompt lengths (batch 1)
+    prefill_engines: list[str] = field(default_factory=lambda: ["hina", "hf"])
+    rounds: int = 2
+    seed: int = 0
+    threads: int = 0
+    mem_budget: int = 7 << 30
+    vllm_compile: bool = False
+    command: str = ""
+    run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}")
+
+
+def _base(p: E2EProblem, engine: str, cfg: E2EConfig, ck) -> dict:
+    from .. import __version__
+    from ..harness.store import empty_row
+    from ..machine.sysinfo import fingerprint, machine_id, summary
+    fp = fingerprint()
+    row = empty_row("e2e")
+    row.update(op="e2e", **p.key(), backend=engine, threads=cfg.threads, numa="default",
+               checkpoint_hash=ck.hash if ck else None, rounds=cfg.rounds, machine=machine_id(fp), fingerprint=summary(fp),
+               hinabench_version=__version__, git_rev=fp["git_rev"], command=cfg.command, run_id=cfg.run_id,
+               timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), note=E.DESCRIPTIONS.get(engine))
+    return row
+
+
+def _fill_timing(row: dict, samples_s: list[float], tokens_per_sample: int) -> None:
+    s = summarize(samples_s)
+    row.update(s)
+    row["unstable"] = unstable(s)
+    if s:
+        row["tokens_per_s"] = tokens_per_sample / (s["median_ms"] / 1e3)
+
+
+def _versions(engine: str) -> str:
+    import transformers
+    v = {"transformers": transformers.__version__, "torch": torch.__version__}
+    if engine.startswith("hina"):
+        from ..kernels import resolve_isa
+        v["hina_isa"] = resolve_isa("auto")
+    return json.dumps(v, sort_keys=True)
+
+
+def run_e2e(cfg: E2EConfig, store, echo=print) -> list[dict]:
+    from .. import envs
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    cfg.threads = torch.get_num_threads()
+    rows: list[dict] = []
+
+    def emit(row):
+        store.append(row)
+        rows.append(row)
+
+    for model in cfg.models:
+        for layers in cfg.layers:
+            need = checkpoint_bytes(hf_config(model, layers)) + (512 << 20)
+            if need > cfg.mem_budget:   # a row per engine and point, and nothing written
+                why = (f"{model} with {layers} layers needs {need / 2**30:.1f} GiB in memory (bf16 weights + "
+                       f"0.5 GiB), over the {cfg.mem_budget / 2**30:.1f} GiB budget (--mem-gib)")
+                echo(f"{model} layers={layers}: {why}")
+                for eng in cfg.engines:
+                    for b in cfg.batches:
+                        for ph in ("prefill", "decode"):
+                            p = E2EProblem.create(model, layers, ph, b, cfg.prompt, cfg.gen)
+                            r = _base(p, eng, cfg, None)
+                            r.update(status="unavailable", reason=why)
+                            emit(r)
+                continue
+            ck = checkpoint(model, layers, cfg.seed, echo=echo)
+            echo(f"{model} layers={layers}: {ck.path} ({ck.bytes / 1e9:.2f} GB, hash {ck.hash})")
+            V = ck.config["vocab_size"]
+            val_ids = prompt_ids(V, 1, min(M.VALIDATE_TOKENS, cfg.prompt), cfg.seed + 1)
+            ref = None
+            problems = [E2EProblem.create(model, layers, ph, b, cfg.prompt, cfg.gen)
+                        for b in cfg.batches for ph in ("prefill", "decode")]
+            table4 = [E2EProblem.create(model, layers, "prefill", 1, P) for P in cfg.prefill if P != cfg.prompt
+                      or 1 not in cfg.batches]
+            # ---- engines that cannot run here: a row each, with the reason ------------------------
+            runnable = []
+            for eng in cfg.engines:
+                st, why = E.status(eng)
+                if st == "ok":
+                    runnable.append(eng)
+                    continue
+                echo(f"  {eng}: {st}: {why}")
+                for p in problems:
+                    r = _base(p, eng, cfg, ck)
+                    r.update(status=st, reason=why)
+                    emit(r)
+            inproc = [e for e in runnable if e in E.IN_PROCESS]
+            if runnable:
+                ref = M.reference(ck, val_ids, cfg.mem_budget, echo)
+            if inproc:
+                rows_ip = _run_in_process(cfg, ck, ref, inproc, problems, table4, echo)
+                for r in rows_ip:
+                    emit(r)
+            gc.collect()
+            for eng in runnable:
+                if eng == "vllm" or eng.startswith("llamacpp:"):
+                    for r in _run_peer(cfg, ck, ref, problems, echo, envs, eng):
+                        emit(r)
+    return rows
+
+
+def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict]:
+    echo(f"  loading {ck.path.name} in transformers (bf16)")
+    model = M.load(ck.path)
+    default_impl = model.config._experts_implementation
+    V = ck.config["vocab_size"]
+    rows: dict[tuple, dict] = {}
+    valid: dict[str, dict] = {}
+    impl: dict[str, str] = {}
+    hf_err = None
+    for eng in engines_:
+        impl[eng] = M.set_engine(model, eng, default_impl)
+        valid[eng] = M.validate(model, ref)
+        v = valid[eng]
+        echo(f"  {eng} ({impl[eng]}): logits rel_err {v['rel_err']:.2e} vs {ref.what} (tolerance "
+             f"{M.LOGIT_TOLERANCE}), argmax agree {v['argmax_agree']:.2f}, greedy {v['greedy_match']}")
+        if eng == "hf":
+            hf_err = v["rel_err"]
+    for eng in engines_:
+        for p in problems + table4:
+            r = _base(p, eng, cfg, ck)
+            v = valid[eng]
+            r.update(engine_impl=f"experts={impl[eng]} attn={model.config._attn_implementation}",
+                     engine_version=_versions(eng), versions=_versions(eng),
+                     rel_err=v["rel_err"], tolerance=M.LOGIT_TOLERANCE, greedy_match=v["greedy_match"],
+                     validation=f"teacher-forced logits of {ref.ids.shape[1]} tokens vs {ref.what}; argmax agree "
+                                f"{v['argmax_agree']:.2f} (random weights: near-uniform logits, argmax fragile)",
+                     logit_rel_err_hf=hf_err, status="ok" if v["ok"] else "wrong",
+                     reason=None if v["ok"] else f"logits rel_err {v['rel_err']:.3g} > {M.LOGIT_TOLERANCE}",
+                     warmup=1)
+            rows[(eng, p)] = r
+    samples: dict[tuple, list] = {k: [] for k in rows}
+    ttfts: dict[tuple, list] = {k: [] for k in rows}
+    probes: dict[str, list] = {e: [] for e in engines_}
+    loads: dict[str, list] = {e: [] for e in engines_}
+    # warm-up: one short generate per engine (first-call allocations, the kernel's module load)
+    for eng in engines_:
+        M.set_engine(model, eng, default_impl)
+        M.generate_timed(model, prompt_ids(V, 1, 8, 7), 3)
+    for rnd in range(cfg.rounds):
+        for b in cfg.batches:
+            ids = prompt_ids(V, b, cfg.prompt, cfg.seed + 100 + b)
+            for eng in engines_:
+                M.set_engine(model, eng, default_impl)
+                probes[eng].append(M.read_probe(model, cfg.threads))
+                with LoadMeter() as lm:
+                    ttft, steps = M.generate_timed(model, ids, cfg.gen)
+                loads[eng].append(lm.other_cpus)
+                pp = next(p for p in problems if p.phase == "prefill" and p.batch == b)
+                pd = next(p for p in problems if p.phase == "decode" and p.batch == b)
+                samples[(eng, pp)].append(ttft)
+                samples[(eng, pd)] += steps
+                ttfts[(eng, pd)].append(ttft)
+                echo(f"  round {rnd + 1} {eng} B={b}: TTFT {ttft * 1e3:.0f} ms, TPOT median "
+                     f"{sorted(steps)[len(steps) // 2] * 1e3:.1f} ms" if steps else "")
+        for p in table4:
+            ids = prompt_ids(V, 1, p.prompt, cfg.seed + 200)
+            for eng in cfg.prefill_engines:
+                if eng not in engines_:
+                    continue
+                M.set_engine(model, eng, default_impl)
+                with LoadMeter() as lm:
+                    t = M.prefill_timed(model, ids)
+                loads[eng].append(lm.other_cpus)
+                samples[(eng, p)].append(t)
+                echo(f"  round {rnd + 1} {eng} prefill P={p.prompt}: {t * 1e3:.0f} ms ({p.prompt / t:.0f} tok/s)")
+    # FFN and attention shares of a decode step (a pass with timers of its own)
+    shares = {}
+    for b in cfg.batches:
+        ids = prompt_ids(V, b, cfg.prompt, cfg.seed + 100 + b)
+        for eng in engines_:
+            M.set_engine(model, eng, default_impl)
+            shares[(eng, b)] = M.decode_shares(model, ids, steps=min(16, max(cfg.gen - 1, 1)))
+    out = []
+    for (eng, p), r in rows.items():
+        if p in table4 and eng not in cfg.prefill_engines:
+            continue
+        s = samples[(eng, p)]
+        tokens = p.batch * (p.prompt if p.phase == "prefill" else 1)
+        _fill_timing(r, s, tokens)
+        gb = [g for g, _ in probes[eng]]
+        if gb:
+            r.update(read_gbps=max(gb), read_gbps_min=min(gb), read_probe=probes[eng][0][1])
+        if loads[eng]:
+            r["load_other_cpus"] = round(max(loads[eng]), 2)
+            if max(loads[eng]) > 0.3:
+                r["load_warning"] = f"other processes used {max(loads[eng]):.2f} CPUs during the samples"
+        if p.phase == "decode":
+            sh = shares[(eng, p.batch)]
+            touched = sh["experts_touched"]
+            context = p.prompt + p.gen // 2
+            lb = p.layer_bytes(touched, context)
+            r.update(ffn_ms=sh["ffn_ms"], attn_ms=sh["attn_ms"], ffn_share=sh["ffn_share"], attn_share=sh["attn_share"],
+                     experts_touched=touched, layer_bytes=lb, step_bytes=p.layers * lb + p.head_bytes(),
+                     weight_bytes=p.layers * lb + p.head_bytes(), tpot_ms=r.get("median_ms"))
+            if ttfts[(eng, p)]:
+                r["ttft_ms"] = summarize(ttfts[(eng, p)])["median_ms"]
+            if r.get("read_gbps") and r.get("median_ms"):
+                r["roofline_ms"] = r["step_bytes"] / (r["read_gbps"] * 1e9) * 1e3
+                r["gbps"] = r["step_bytes"] / (r["median_ms"] / 1e3) / 1e9
+                r["pct_bw"] = 100 * r["gbps"] / r["read_gbps"]
+                r["bound"] = "memory"
+        else:
+            r["ttft_ms"] = r.get("median_ms")
+        out.append(r)
+    del model
+    gc.collect()
+    return out
+
+
+def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str) -> list[dict]:
+    """An engine in its own env and process (vllm_run.py, llamacpp_run.py): request and result as JSON."""
+    V = ck.config["vocab_size"]
+    req = {"path": str(ck.path), "batches": cfg.batches, "prompt": cfg.prompt, "gen": cfg.gen, "rounds": cfg.rounds,
+           "validate_ids": ref.ids[0].tolist(), "greedy_steps": len(ref.greedy), "compile": cfg.vllm_compile,
+           "threads": cfg.threads,
+           "prompt_ids": {str(b): prompt_ids(V, b, cfg.prompt, cfg.seed + 100 + b).tolist() for b in cfg.batches}}
+    env_name, script = ("vllm", "vllm_run.py") if engine == "vllm" else ("llamacpp", "llamacpp_run.py")
+    tolerance = LOGPROB_TOLERANCE.get(engine, 0.05)
+    rows = {p: _base(p, engine, cfg, ck) for p in problems}
+    if engine.startswith("llamacpp:"):
+        from .gguf_writer import write_gguf
+        req["gguf"] = str(write_gguf(ck, engine.split(":", 1)[1], echo=echo))
+    with tempfile.TemporaryDirectory() as td:
+        rq, rs = Path(td) / "req.json", Path(td) / "res.json"
+        rq.write_text(json.dumps(req))
+        env = dict(os.environ)
+        env.pop("PYTHONHOME", None)
+        env.pop("PYTHONPATH", None)
+        n = cfg.threads
+        env.update(OMP_NUM_THREADS=str(n), VIRTUAL_ENV=str(envs.env_path(env_name)), TOKENIZERS_PARALLELISM="false")
+        if engine == "vllm":
+            env["PYTHONPATH"] = str(Path(__file__).with_name("vllm_site"))   # its sitecustomize (see there)
+            env.update(VLLM_CPU_OMP_THREADS_BIND=f"0-{n - 1}", VLLM_CPU_KVCACHE_SPACE="1",
+                       VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        env.update(envs.recipe_runtime_env(env_name))
+        echo(f"  {engine}: starting in its env ({envs.python(env_name)})")
+        t0 = time.time()
+        c0 = os.times()
+        with LoadMeter() as lm:
+            # cwd: a temporary folder, so the checkout's own packages never shadow the env's
+            proc = subprocess.run([str(envs.python(env_name)), str(Path(__file__).with_name(script)), str(rq), str(rs)],
+                                  env=env, cwd=td, capture_output=True, text=True, timeout=3600)
+        c1 = os.times()   # the engine's own CPU time is not "other processes'" load
+        vllm_cpus = ((c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)) / max(c1.elapsed - c0.elapsed, 1e-6)
+        other_cpus = max(0.0, lm.other_cpus - vllm_cpus)
+        res = json.loads(rs.read_text()) if rs.exists() else {
+            "error": f"{script} exited {proc.returncode}: {(proc.stderr or '').strip().splitlines()[-1:] }"}
+        echo(f"  {engine}: {time.time() - t0:.0f} s" + (f", error: {res['error']}" if "error" in res else ""))
+    if "error" in res:
+        for r in rows.values():
+            r.update(status="failed", reason=f"{engine}: {res['error']}")
+        return list(rows.values())
+    # validation: the prompt tokens' log-probs against the reference's
+    ref_lp = torch.log_softmax(ref.logits, -1)
+    toks = ref.ids[0, 1:]
+    ref_tok = ref_lp[:-1].gather(1, toks[:, None])[:, 0]
+    got = torch.tensor(res["validation"]["prompt_logprobs"], dtype=torch.float32)
+    err = float((got - ref_tok).abs().max())
+    ok = err <= tolerance
+    g = res["validation"]["greedy"]
+    match = 0
+    for a, b in zip(g, ref.greedy):
+        if a != b:
+            break
+        match += 1
+    for p, r in rows.items():
+        pt = res["points"].get(str(p.batch), {})
+        pkg = "vllm" if engine == "vllm" else "llama-cpp-python"
+        impl = ("vllm eager (compilation mode 0)" if not cfg.vllm_compile else "vllm compiled") if engine == "vllm" \
+            else f"llama.cpp GGUF {engine.split(':', 1)[1].upper()}"
+        r.update(engine_version=json.dumps({pkg: res.get("version")}), versions=json.dumps({pkg: res.get("version")}),
+                 engine_impl=impl,
+                 rel_err=err, tolerance=tolerance, greedy_match=f"{match}/{len(ref.greedy)}",
+                 validation=f"max |delta log-prob| of {len(got)} prompt tokens vs {ref.what} (prompt_logprobs)",
+                 status="ok" if ok else "wrong",
+                 reason=None if ok else f"prompt log-probs differ by {err:.3g} nats > {tolerance}",
+                 load_other_cpus=round(other_cpus, 2), warmup=0)
+        if not pt.get("ttft_s"):
+            r.update(status="unsupported", reason=f"{engine}: no samples at batch {p.batch} "
+                     + ("(llama-cpp-python's Llama runs one sequence)" if engine != "vllm" else ""))
+            continue
+        if p.phase == "prefill":
+            _fill_timing(r, pt.get("ttft_s", []), p.batch * p.prompt)
+            r["ttft_ms"] = r.get("median_ms")
+        else:
+            _fill_timing(r, pt.get("steps_s", []), p.batch)
+            r["tpot_ms"] = r.get("median_ms")
+            if pt.get("ttft_s"):
+                r["ttft_ms"] = summarize(pt["ttft_s"])["median_ms"]
+    return list(rows.values())
+
+
+# nats, max over the prompt tokens, against the reference (Q8_0 weights move log-probs more than bf16's rounding)
+LOGPROB_TOLERANCE = {"vllm": 0.05, "llamacpp:bf16": 0.05, "llamacpp:q8_0": 0.25}

@@ -1,0 +1,209 @@
+"""End to end (issue 15) on tiny models of each family: the checkpoint writer, the drop-in against
+transformers fp32, `hinabench e2e` rows (every engine: ran, or why not), the figures from those rows."""
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from clihelp import invoke, read_csv  # noqa: E402
+
+from hinabench import models  # noqa: E402
+from hinabench.e2e import checkpoint as C  # noqa: E402
+
+TINY = {  # name -> (Model, family): H and I multiples of 32 (the kernel's k_r), every field exercised
+    "tiny-qwen3": (models.Model("tiny-qwen3", 64, 32, 8, 2, 0, 4, 4, 2, 16, 384, "test"), "qwen3-30b-a3b"),
+    "tiny-mixtral": (models.Model("tiny-mixtral", 64, 96, 4, 2, 0, 4, 4, 2, 16, 320, "test"), "mixtral-8x7b"),
+    "tiny-qwen2": (models.Model("tiny-qwen2", 64, 32, 8, 4, 1, 4, 4, 2, 16, 384, "test"), "qwen2-57b-a14b"),
+}
+
+
+@pytest.fixture(autouse=True)
+def tiny_models(monkeypatch, tmp_path):
+    for name, (m, fam) in TINY.items():
+        monkeypatch.setitem(models.MODELS, name, m)
+        monkeypatch.setitem(C.FAMILIES, name, fam)
+    monkeypatch.setenv("HINABENCH_E2E_CACHE", str(tmp_path / "ckpt"))
+
+
+def test_checkpoint_is_written_once_per_config_and_seed(tmp_path):
+    ck = C.checkpoint("tiny-qwen3", 2, seed=3)
+    cfg = json.loads((ck.path / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 2 and cfg["model_type"] == "qwen3_moe" and cfg["num_experts"] == 8
+    marker = (ck.path / ".complete").stat().st_mtime_ns
+    again = C.checkpoint("tiny-qwen3", 2, seed=3)
+    assert again.path == ck.path and (ck.path / ".complete").stat().st_mtime_ns == marker   # cached
+    assert C.checkpoint("tiny-qwen3", 2, seed=4).hash != ck.hash                           # seed in the hash
+    assert C.checkpoint("tiny-qwen3", 1, seed=3).hash != ck.hash                           # config in the hash
+    # the tokenizer covers the vocabulary: every id round-trips
+    tok = transformers.AutoTokenizer.from_pretrained(str(ck.path))
+    ids = list(range(0, 384, 7)) + [383]
+    assert tok(" ".join(C.word(i) for i in ids), add_special_tokens=False)["input_ids"] == ids
+
+
+def test_checkpoint_refuses_unknown_model_and_depth():
+    from hinabench.errors import UserError
+    with pytest.raises(UserError, match="no end-to-end configuration"):
+        C.checkpoint("deepseek-v3", 1)
+    with pytest.raises(UserError, match="--layers must be between 1 and 4"):
+        C.checkpoint("tiny-qwen3", 5)
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_dropin_matches_transformers_fp32_without_copying_weights(name):
+    from hinabench.e2e import measure as M
+    ck = C.checkpoint(name, 2)
+    ids = C.prompt_ids(ck.config["vocab_size"], 1, 12, 1)
+    ref = M.reference(ck, ids, 8 << 30, echo=lambda *_: None)
+    assert ref.what == "transformers fp32"
+    m = M.load(ck.path)
+    experts, _ = M.moe_blocks(m)
+    ptrs = [(e.gate_up_proj.data_ptr(), e.down_proj.data_ptr()) for e in experts]
+    hf = M.validate(m, ref)
+    assert M.set_engine(m, "hina", "eager") == "hina"
+    calls = []
+    from hinabench import kernels
+    real = kernels.moe_ffn
+
+    def spy(x, wg, wu, wd, ids_, tw, **kw):
+        calls.append((wd.data_ptr(), kw["w13"].data_ptr()))
+        return real(x, wg, wu, wd, ids_, tw, **kw)
+    import hinabench.e2e.dropin as D
+    D.moe_ffn, saved = spy, D.moe_ffn
+    try:
+        hina = M.validate(m, ref)
+    finally:
+        D.moe_ffn = saved
+    assert hina["ok"] and hina["rel_err"] < M.LOGIT_TOLERANCE, hina
+    assert hf["ok"], hf
+    # the kernel read the parameters transformers loaded, in place (no copy, no repack)
+    assert {(w13, wd) for wd, w13 in calls} <= set(ptrs) and len(calls) >= 2
+    assert [(e.gate_up_proj.data_ptr(), e.down_proj.data_ptr()) for e in experts] == ptrs
+
+
+def test_show_patch_prints_the_dropin_and_its_line_count():
+    r = invoke("e2e", "--show-patch")
+    assert r.exit_code == 0, r.output
+    assert "ExpertsInterface.register" in r.output
+    n = int(r.output.rsplit("the drop-in: ", 1)[1].split()[0])
+    assert 5 <= n <= 30
+
+
+def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
+    monkeypatch.setenv("HINABENCH_ENVS", str(tmp_path / "no-envs"))   # vllm/llamacpp: unavailable, said so
+    out = tmp_path / "e2e.csv"
+    r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1,2", "--prompt", "8", "--gen", "4", "--batch", "1,2",
+               "--engines", "hina,hf,hina+l,hina+a,vllm,llamacpp,ipex,kt", "--prefill", "16", "--rounds", "1", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    rows = read_csv(out)
+    by = {}
+    for row in rows:
+        by.setdefault(row["backend"], []).append(row)
+    assert set(by) == {"hina", "hf", "hina+l", "hina+a", "vllm", "llamacpp:bf16", "llamacpp:q8_0", "ipex", "kt"}
+    for eng in ("hina", "hf", "hina+l"):
+        dec = [x for x in by[eng] if x["phase"] == "decode"]
+        assert len(dec) == 4 and all(x["status"] == "ok" and float(x["median_ms"]) > 0 for x in dec)
+        assert all(0 < float(x["ffn_share"]) < 1 and float(x["tokens_per_s"]) > 0 for x in dec)
+        assert all(x["command"].startswith("hinabench e2e") and x["checkpoint_hash"] for x in by[eng])
+        assert {int(x["prompt_tokens"]) for x in by[eng] if x["phase"] == "prefill"} == ({8, 16} if eng != "hina+l" else {8})
+    assert all(x["status"] == "ok" and float(x["rel_err"]) < 0.03 for x in by["hina+l"])
+    assert all(x["status"] == "unsupported" and "attention" in x["reason"] for x in by["hina+a"])
+    assert all(x["status"] == "unavailable" and "hinabench env create vllm" in x["reason"] for x in by["vllm"])
+    assert all(x["status"] in ("unsupported", "unavailable") and x["reason"] for x in by["ipex"] + by["kt"])
+    for fig in ("fig12", "fig13", "fig14", "table4"):
+        r = invoke("figure", fig, str(out), "--out", str(tmp_path / "figs"))
+        assert r.exit_code == 0, (fig, r.output)
+        assert (tmp_path / "figs" / f"{fig}.png").stat().st_size > 1000
+    assert "+m+a" in (tmp_path / "figs" / "fig14.txt").read_text()
+    r = invoke("e2e", "--tables", str(out))
+    assert r.exit_code == 0, r.output
+    assert "| tiny-qwen3 | hina | 1 | 1,2 |" in r.output and "hina >= 1.5x hf per layer" in r.output
+
+
+def test_per_layer_cost_from_two_depths():
+    import pandas as pd
+    from hinabench.e2e.figures import ablation, per_layer
+    rows = []
+    for eng, base, per in (("hf", 50.0, 10.0), ("hina", 40.0, 5.0)):
+        for L in (2, 4):
+            rows.append(dict(op="e2e", model="qwen3-30b-a3b", backend=eng, phase="decode", status="ok", layers=L,
+                             batch_size=1, prompt_tokens=128, median_ms=base + per * L, mad_ms=0.5, full_layers=48))
+    rows.append(dict(op="e2e", model="qwen3-30b-a3b", backend="hina+a", phase="decode", status="unsupported",
+                     reason="no attention kernel yet", layers=2, batch_size=1, prompt_tokens=128, full_layers=48))
+    df = pd.DataFrame(rows)
+    pl = per_layer(df).set_index("engine")
+    assert pl.loc["hf", "per_layer_ms"] == pytest.approx(10.0) and pl.loc["hina", "per_layer_ms"] == pytest.approx(5.0)
+    assert pl.loc["hina", "projected_ms"] == pytest.approx(40 + 5 * 2 + 46 * 5.0)
+    ab = {a["step"]: a for a in ablation(df)}
+    assert ab["+m"]["speedup"] == pytest.approx(2.0) and ab["+m+a"]["speedup"] is None
+    assert "no attention kernel" in ab["+m+a"]["why"]
+
+
+@pytest.mark.parametrize("qtype", ["bf16", "q8_0"])
+def test_gguf_of_the_same_weights(qtype):
+    gguf = pytest.importorskip("gguf")
+    from hinabench.e2e.gguf_writer import write_gguf
+    ck = C.checkpoint("tiny-qwen3", 1)
+    path = write_gguf(ck, qtype)
+    r = gguf.GGUFReader(str(path))
+    arch = r.fields["general.architecture"]
+    assert bytes(arch.parts[arch.data[0]]).decode() == "qwen3moe"
+    names = {t.name: t for t in r.tensors}
+    assert {"token_embd.weight", "output.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_down_exps.weight",
+            "blk.0.attn_q.weight", "blk.0.ffn_gate_inp.weight"} <= set(names)
+    t = names["blk.0.ffn_gate_exps.weight"]
+    assert list(t.shape) == [64, 32, 8]        # ggml order: ne0 = H, ne1 = I, ne2 = E
+    want = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[qtype]
+    assert t.tensor_type == want
+
+
+def test_a_depth_over_the_memory_budget_is_a_row_not_an_oom(tmp_path):
+    out = tmp_path / "e2e.csv"
+    r = invoke("e2e", "--model", "mixtral-8x7b", "--layers", "4", "--engines", "hina,hf", "--mem-gib", "7",
+               "--out", str(out))
+    assert r.exit_code == 0, r.output
+    rows = read_csv(out)
+    assert len(rows) == 4 and all(x["status"] == "unavailable" and "over the 7.0 GiB budget" in x["reason"] for x in rows)
+    assert not any((tmp_path / "ckpt").glob("mixtral*"))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp:q8_0"])
+def test_peer_engine_rows_from_its_process(tmp_path, monkeypatch, engine):
+    """The harness side of an engine in its own env, with a stand-in env (its interpreter answers as
+    vllm_run.py / llamacpp_run.py do): timings become rows; prompt log-probs far from the reference make
+    every row `wrong`, said why; llama.cpp's batch > 1 has no samples: `unsupported`."""
+    import os
+    import stat
+    import sys
+    env_name, script = ("vllm", "vllm_run.py") if engine == "vllm" else ("llamacpp", "llamacpp_run.py")
+    env = tmp_path / "envs" / env_name
+    (env / "bin").mkdir(parents=True)
+    (env / "hinabench-env.json").write_text(json.dumps({"recipe": {}}))
+    fake = env / "bin" / "python"
+    fake.write_text(f"""#!{sys.executable}
+import json, sys
+req = json.load(open(sys.argv[2]))
+assert sys.argv[1].endswith("{script}")
+assert "{engine}" == "vllm" or req["gguf"].endswith("model-q8_0.gguf")
+n = len(req["validate_ids"]) - 1
+pts = {{str(b): ({{"ttft_s": [0.5, 0.6], "steps_s": [0.1, 0.11, 0.12] * 2}} if b == 1 or "{engine}" == "vllm"
+              else {{"ttft_s": [], "steps_s": []}}) for b in req["batches"]}}
+json.dump({{"version": "0.32.0-stand-in", "validation": {{"prompt_logprobs": [0.0] * n, "greedy": [1, 2, 3, 4]}},
+           "points": pts}}, open(sys.argv[3], "w"))
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("HINABENCH_ENVS", str(tmp_path / "envs"))
+    out = tmp_path / "e2e.csv"
+    r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1", "--prompt", "8", "--gen", "4", "--batch", "1,2",
+               "--engines", engine, "--rounds", "1", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    rows = read_csv(out)
+    assert len(rows) == 4 and all(x["backend"] == engine for x in rows)
+    b1 = [x for x in rows if x["batch_size"] == "1" or engine == "vllm"]
+    assert all(x["status"] == "wrong" and "nats" in x["reason"] for x in b1)
+    assert all(x["status"] == "unsupported" and "one sequence" in x["reason"] for x in rows if x not in b1)
+    dec = [x for x in b1 if x["phase"] == "decode"]
+    assert all(float(x["median_ms"]) == pytest.approx(110.0) and "0.32.0-stand-in" in x["engine_version"] for x in dec)
+    assert os.environ.get("HINABENCH_ENVS") == str(tmp_path / "envs")
