@@ -39,9 +39,13 @@ QUICK_BACKENDS = "hina,torch,vllm:vec"
 
 @dataclass(frozen=True)
 class SuiteSpec:
-    """The Sweep axes of a suite (hinabench.harness.suite.Sweep keywords), full and --quick."""
+    """The Sweep axes of a suite (hinabench.harness.suite.Sweep keywords), full and --quick; or, with
+    kind "e2e", the keywords of an end-to-end job (hinabench.e2e.run.E2EConfig), which runs whole:
+    it is estimated by `prior_s` (full, quick) until this --out has timed it once."""
     full: dict
     quick: dict
+    kind: str = "sweep"
+    prior_s: tuple[float, float] = (0.0, 0.0)
 
 
 SUITES: dict[str, SuiteSpec] = {
@@ -57,6 +61,20 @@ SUITES: dict[str, SuiteSpec] = {
                   numa=["interleave"], perf=True, rounds=3),
         quick=dict(models=["qwen3-30b-a3b"], tokens=[1], backends=QUICK_BACKENDS, numa=["interleave"],
                    perf=True, rounds=1, min_time=0.1, warmup=1)),
+    # suites/fig11.toml: the quantized FFN, hina against every peer with an int8/fp8 path here
+    "fig11": SuiteSpec(
+        full=dict(models=["mixtral-8x7b", "qwen3-30b-a3b"], tokens=[1, 2, 4, 8, 16], dtype=["bf16", "int8", "fp8"],
+                  group=128, backends="hina:avx2,hina:avx512,hina:amx,torch:dequant,kt:fp8,llamacpp:q8_0", rounds=3),
+        quick=dict(models=["qwen3-30b-a3b"], tokens=[1, 8], dtype=["bf16", "int8", "fp8"], group=128,
+                   backends="hina,torch:dequant,kt:fp8", rounds=2, min_time=0.1, warmup=1)),
+    # Figures 12-14 and Table 4: `hinabench e2e` on synthetic-weight checkpoints (two depths: per-layer cost)
+    "e2e": SuiteSpec(
+        kind="e2e", prior_s=(2400.0, 300.0),
+        full=dict(models=["qwen3-30b-a3b"], layers=[2, 4], prompt=128, gen=32, batches=[1, 4],
+                  engines=["hina", "hf", "hina+l", "vllm", "llamacpp", "hina+a", "ipex", "kt"],
+                  prefill=[512, 1024], prefill_engines=["hina", "hina+l"], rounds=2),
+        quick=dict(models=["qwen3-30b-a3b"], layers=[1, 2], prompt=32, gen=8, batches=[1],
+                   engines=["hina", "hf"], prefill=[128], prefill_engines=["hina"], rounds=1)),
     # Figure 1's CPU and GPU sides: a real batch (router routing) of Mixtral-8x7B
     "fig1": SuiteSpec(
         full=dict(models=["mixtral-8x7b"], routing=["router"], tokens=[1, 4, 16, 64, 256], backends="all",
@@ -164,10 +182,20 @@ def _fig11(c):
     return Assessment(NOT_HERE, "hinabench has no INT8 expert-FFN kernel yet (issue 13)")
 
 
+E2E_HOW = {
+    "fig12": "decode at batch 1 per engine (hf, hina, hina+l, vllm; llamacpp, ipex, kt say why not), per layer "
+             "from two depths of a synthetic-weight Qwen3-30B-A3B checkpoint",
+    "fig13": "batch decode throughput, and the experts' share of a decode step (forward hooks)",
+    "fig14": "the ablation baseline (hf) -> +m (HiNa FFN) -> +m+l; +a says why not (the attention kernel is "
+             "not dropped into transformers yet)",
+    "table4": "prefill tokens/s by prompt length, CPU engines (--quick: P = 128 only)",
+}
+
+
 def _e2e(fig):
     def f(c):
-        if c.e2e and fig in c.figures and fig in SUITES:
-            return Assessment(MEASURED, "synthetic-weight models, every engine that runs here", (fig,), fig)
+        if c.e2e and fig in c.figures and "e2e" in SUITES:
+            return Assessment(MEASURED, E2E_HOW[fig], ("e2e",), fig)
         return Assessment(NOT_HERE, E2E_MISSING)
     return f
 
@@ -334,6 +362,8 @@ class SuitePlan:
     todo_s: float = 0.0            # estimated seconds of the rows still to measure
     rows_todo: int = 0
     rows_done: int = 0
+    job: dict | None = None        # an e2e job's E2EConfig keywords (sweep is None then)
+    done: set = field(default_factory=set)
 
 
 @dataclass
@@ -409,6 +439,9 @@ def make_plan(out: Path, quick: bool, only: list[str] | None = None, backends: s
         for s in a.suites:
             if s in suites:
                 continue
+            if SUITES[s].kind == "e2e":
+                suites[s] = _job_plan(s, quick, out, caps.machine, threads)
+                continue
             sweep = _sweep(s, quick, backends, threads)
             points, names = plan_sweep(sweep)
             sp = SuitePlan(s, sweep, out / "results" / caps.machine / f"{s}.csv", names=names)
@@ -431,11 +464,53 @@ def make_plan(out: Path, quick: bool, only: list[str] | None = None, backends: s
     return Plan(caps=caps, quick=quick, threads=threads, out=out, figures=figures, suites=suites)
 
 
-def estimate(plan: Plan, cal: Calibration) -> None:
+def _job_plan(name: str, quick: bool, out: Path, machine: str, threads: int) -> SuitePlan:
+    """An e2e job: done when this --out holds its rows from a finished run of the same keywords."""
+    kw = dict(SUITES[name].quick if quick else SUITES[name].full)
+    sp = SuitePlan(name, None, out / "results" / machine / f"{name}.csv", job=kw, names=list(kw["engines"]))
+    state = load_state(out)
+    finished = [j for j in state.get("jobs", []) if j.get("name") == name and j.get("keywords") == kw]
+    if finished and sp.path.exists():
+        sp.rows_done = int(finished[-1].get("rows", 1))
+    else:
+        sp.rows_todo = 1
+    sp.job_threads = threads
+    return sp
+
+
+def job_estimate(sp: SuitePlan, quick: bool, state: dict) -> float:
+    """An e2e job's time: what this --out measured for it last, else the prior."""
+    past = [j["seconds"] for j in state.get("jobs", []) if j.get("name") == sp.name and j.get("keywords") == sp.job]
+    return past[-1] if past else SUITES[sp.name].prior_s[1 if quick else 0]
+
+
+def run_job(sp: SuitePlan, command: str, echo) -> tuple[int, float]:
+    """Run an e2e job into its results file; (rows, seconds)."""
+    from .e2e.engines import expand
+    from .e2e.run import E2EConfig, run_e2e
+    from .harness.store import ResultStore
+    kw = dict(sp.job)
+    kw["engines"] = expand(kw["engines"])
+    kw["prefill_engines"] = expand(kw["prefill_engines"])
+    cfg = E2EConfig(**kw, threads=getattr(sp, "job_threads", 0), command=command)
+    store = ResultStore(sp.path, op="e2e")
+    store.open_for_append()
+    t0 = time.monotonic()
+    rows = run_e2e(cfg, store, echo=echo)
+    return len(rows), time.monotonic() - t0
+
+
+def estimate(plan: Plan, cal: Calibration | None) -> None:
     """Fill in each suite's estimated time for the rows it still has to measure."""
     plan.calibration = cal
+    state = load_state(plan.out)
     for sp in plan.suites.values():
         sp.todo_s = 0.0
+        if sp.job is not None:
+            sp.todo_s = job_estimate(sp, plan.quick, state) if sp.rows_todo else 0.0
+            continue
+        if cal is None:
+            continue
         for pt in sp.points:
             todo = [n for n in sp.names if pt.key(n) not in sp.done]
             if todo:
@@ -501,16 +576,17 @@ def cached_calibration(state: dict, plan: Plan, names: list[str]) -> Calibration
 def calibration_problem(plan: Plan):
     """The plan's smallest point (least memory to materialise)."""
     from .machine.sysinfo import llc_bytes
-    pts = [pt for sp in plan.suites.values() for pt in sp.points]
+    pts = [pt for sp in plan.suites.values() if sp.job is None for pt in sp.points]
     if not pts:
         return None
     return min(pts, key=lambda pt: pt.problem.allocated_bytes(pt.problem.rotation_groups(llc_bytes()))).problem
 
 
 def all_backends(plan: Plan) -> list[str]:
-    return list(dict.fromkeys(n for sp in plan.suites.values() for n in sp.names))
+    """The backends of the plan's sweeps (what the calibration times)."""
+    return list(dict.fromkeys(n for sp in plan.suites.values() if sp.job is None for n in sp.names))
 
 
-__all__ = ["PAPER", "SUITES", "Capabilities", "Plan", "make_plan", "calibrate", "estimate", "schedule",
+__all__ = ["PAPER", "SUITES", "Capabilities", "Plan", "make_plan", "calibrate", "estimate", "schedule", "run_job",
            "parse_duration", "fmt_duration", "load_state", "save_state", "cached_calibration",
            "calibration_problem", "all_backends"]

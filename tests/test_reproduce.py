@@ -46,6 +46,27 @@ def test_the_plan_follows_the_machine():
     assert two_no_perf["fig15"].status == rp.MODELED and "counters" in two_no_perf["fig15"].detail
 
 
+def test_figures_join_the_plan_as_their_kernels_land():
+    a = _assess(dtypes=("bf16", "int8", "fp8"), e2e=True, kinds=("ffn", "linear", "attention"),
+                figures=("fig1", "fig4", "fig10", "fig11", "fig12", "fig13", "fig14", "table4", "fig15", "attn"))
+    assert a["fig11"].status == rp.MEASURED and a["fig11"].suites == ("fig11",)
+    for f in ("fig12", "fig13", "fig14", "table4"):
+        assert a[f].status == rp.MEASURED and a[f].suites == ("e2e",), f
+
+
+def test_an_e2e_job_is_done_once_this_out_finished_it(tmp_path):
+    sp = rp._job_plan("e2e", True, tmp_path, "m", 1)
+    assert sp.rows_todo == 1 and sp.job["layers"] == [1, 2]
+    assert rp.job_estimate(sp, True, {}) == rp.SUITES["e2e"].prior_s[1]       # a prior until measured
+    sp.path.parent.mkdir(parents=True)
+    sp.path.write_text("x\n")
+    rp.save_state(tmp_path, {"jobs": [{"name": "e2e", "keywords": sp.job, "rows": 12, "seconds": 99.0}]})
+    again = rp._job_plan("e2e", True, tmp_path, "m", 1)
+    assert again.rows_todo == 0 and again.rows_done == 12
+    assert rp.job_estimate(again, True, rp.load_state(tmp_path)) == 99.0
+    assert rp._job_plan("e2e", False, tmp_path, "m", 1).rows_todo == 1      # the full job is another one
+
+
 @pytest.mark.parametrize("text,secs", [("90s", 90), ("45m", 2700), ("1h30m", 5400), ("2h", 7200), ("10", 600),
                                        ("1.5m", 90)])
 def test_budget_durations(text, secs):

@@ -43,8 +43,9 @@ def reproduce(budget, quick, out_dir, only, backends, threads, plan_only):
     state = rp.load_state(out)
     err.print(f"[bold]hinabench reproduce[/]{' --quick' if quick else ''}: {plan.caps.summary}", style=None)
     bnames = rp.all_backends(plan)
-    cal = rp.cached_calibration(state, plan, bnames) if plan.suites else None
-    if plan.suites and cal is None:
+    sweeps = any(sp.job is None for sp in plan.suites.values())
+    cal = rp.cached_calibration(state, plan, bnames) if sweeps else None
+    if sweeps and cal is None:
         prob = rp.calibration_problem(plan)
         err.print(f"calibrating: one point ({prob}), {len(bnames)} backend(s), one round, nothing stored ...")
         cal = rp.calibrate(prob, bnames, plan.threads)
@@ -53,8 +54,7 @@ def reproduce(budget, quick, out_dir, only, backends, threads, plan_only):
         state["calibration"] = asdict(cal)
     elif cal is not None:
         err.print(f"calibration from {out / rp.STATE} (same machine, threads and backends)")
-    if cal is not None:
-        rp.estimate(plan, cal)
+    rp.estimate(plan, cal)
     rp.schedule(plan, budget_s)
     rows = plan.rows()
     view = View([("figure", "figure", None), ("status", "status", None), ("how, or why not", "detail", None),
@@ -65,6 +65,12 @@ def reproduce(budget, quick, out_dir, only, backends, threads, plan_only):
     todo_rows = sum(sp.rows_todo for sp in plan.suites.values())
     lines = []
     for sp in (plan.suites[s] for s in plan.order):
+        if sp.job is not None:
+            lines.append(f"  job {sp.name}: hinabench e2e {sp.job}, "
+                         + ("done" if not sp.rows_todo else f"to run, ~{rp.fmt_duration(sp.todo_s)} "
+                            f"({'as measured before' if rp.job_estimate(sp, quick, state) != rp.SUITES[sp.name].prior_s[1 if quick else 0] else 'a prior: not calibrated'})")
+                         + f" -> {sp.path}")
+            continue
         lines.append(f"  suite {sp.name}: {len(sp.points)} point(s) x {len(sp.names)} backend(s), "
                      f"{sp.rows_done} row(s) stored, {sp.rows_todo} to measure, ~{rp.fmt_duration(sp.todo_s)}"
                      f" -> {sp.path}")
@@ -100,6 +106,19 @@ def reproduce(budget, quick, out_dir, only, backends, threads, plan_only):
         sp = plan.suites[s]
         if sp.rows_todo == 0:
             continue
+        if sp.job is not None:
+            if time.monotonic() + sp.todo_s > deadline:
+                stopped.append(f"{sp.name}: the whole job (~{rp.fmt_duration(sp.todo_s)})")
+                continue
+            try:
+                n, secs = rp.run_job(sp, cmd, click.echo)
+            except KeyboardInterrupt:
+                interrupted = True
+                break
+            state.setdefault("jobs", []).append({"name": sp.name, "keywords": sp.job, "rows": n,
+                                                 "seconds": round(secs, 1)})
+            rp.save_state(out, state)
+            continue
         try:
             run_sweep(sp.sweep, str(sp.path), resume=sp.path.exists(), fmt="table", name=s, command=cmd,
                       admit=admit_for(sp))
@@ -128,8 +147,7 @@ def reproduce(budget, quick, out_dir, only, backends, threads, plan_only):
         sys.exit(130 if interrupted else 0)
     # the plan shown in the report says what is stored now
     after = rp.make_plan(out, quick, names(only), backends, threads, caps=plan.caps)
-    if cal is not None:
-        rp.estimate(after, cal)
+    rp.estimate(after, cal)
     from ..report.site import build
     res = build([str(results)], out / "site", command=cmd, plan=after.rows(after=True))
     drawn = sorted({n for n, ds in res["figures"].items() for d in ds if d.png is not None})
