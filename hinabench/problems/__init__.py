@@ -7,10 +7,11 @@ from __future__ import annotations
 from ..errors import UserError
 from .base import Problem, ProblemData, fill_bf16, rotation_groups, seed_for
 from .ffn import ROUTINGS, FFNData, FFNProblem, materialize, moe_ffn_reference
+from .attention import AttentionData, AttentionProblem
 from .linear import LinearData, LinearProblem
 from .validate import diagnose, rel_err
 
-KINDS: dict[str, type[Problem]] = {k.kind: k for k in (FFNProblem, LinearProblem)}
+KINDS: dict[str, type[Problem]] = {k.kind: k for k in (FFNProblem, LinearProblem, AttentionProblem)}
 
 
 def get_kind(op: str) -> type[Problem]:
@@ -24,6 +25,6 @@ def problem_from_dict(d: dict) -> Problem:
     return get_kind(d.get("kind", "ffn")).from_dict(d)
 
 
-__all__ = ["KINDS", "Problem", "ProblemData", "FFNProblem", "FFNData", "LinearProblem", "LinearData",
+__all__ = ["KINDS", "Problem", "ProblemData", "FFNProblem", "FFNData", "LinearProblem", "LinearData", "AttentionProblem", "AttentionData",
            "ROUTINGS", "get_kind", "problem_from_dict", "materialize", "moe_ffn_reference", "fill_bf16",
            "rotation_groups", "seed_for", "rel_err", "diagnose"]
