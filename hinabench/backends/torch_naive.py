@@ -20,8 +20,14 @@ def route(topk_ids: torch.Tensor):
 @register
 class TorchNaive(Backend):
     name = "torch"
-    description = "PyTorch naive loop over experts: F.linear(gate), F.linear(up), SiLU*up, F.linear(down), index_add"
-    ops = ("ffn", "linear")
+    description = ("PyTorch naive loop over experts: F.linear(gate), F.linear(up), SiLU*up, F.linear(down), "
+                   "index_add; attention: repeat_kv, matmul, softmax (fp32), matmul, as a model file writes it")
+    ops = ("ffn", "linear", "attention")
+
+    def run_attention(self, group: int) -> torch.Tensor:
+        """The model file's attention: repeat_kv, matmul, softmax (fp32), matmul (torch_attention.py)."""
+        from .torch_attention import naive_attention
+        return naive_attention(self.data, group)
 
     def run_linear(self, group: int) -> torch.Tensor:
         return F.linear(self.data.x, self.data.w[group])

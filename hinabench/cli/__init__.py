@@ -79,8 +79,8 @@ def cli():
 
 def _attach() -> None:
     # Imported here (not lazily swallowed): a broken module is an error, not a vanished command.
-    from . import env, fleet, machine, numa, results, run
-    for mod in (machine, run, results):
+    from . import attn, env, fleet, machine, numa, results, run
+    for mod in (machine, run, attn, results):
         for c in mod.COMMANDS:
             cli.add_command(c)
     cli.add_command(numa.numa)

@@ -126,9 +126,15 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
   const int min_limit = s.limit[0];
   for (int j0 = t.k0; j0 < t.k1; j0 += KC) {
     const int nk = std::min(KC, t.k1 - j0);
-    for (int j = 0; j < nk; ++j) {
-      s.kp[j] = key_at(c, c.k, c.k_seq, c.k_tok, c.k_head, c.k_blk, t.b, t.h, j0 + j);
-      s.vp[j] = key_at(c, c.v, c.v_seq, c.v_tok, c.v_head, c.v_blk, t.b, t.h, j0 + j);
+    // the chunk's key and value rows, walked block by block (no division per key)
+    for (int j = 0; j < nk;) {
+      const bf16_t* kb = key_at(c, c.k, c.k_seq, c.k_tok, c.k_head, c.k_blk, t.b, t.h, j0 + j);
+      const bf16_t* vb = key_at(c, c.v, c.v_seq, c.v_tok, c.v_head, c.v_blk, t.b, t.h, j0 + j);
+      const int run = c.block_table ? std::min(nk - j, c.block_size - (j0 + j) % c.block_size) : nk - j;
+      for (int i = 0; i < run; ++i, ++j) {
+        s.kp[j] = kb + int64_t(i) * c.k_tok;
+        s.vp[j] = vb + int64_t(i) * c.v_tok;
+      }
     }
     mk.scores(s.qp.data(), rows, d, s.kp.data(), nk, s.S.data(), KC);
     if (j0 + nk - 1 > min_limit) {               // the causal triangle reaches into this chunk

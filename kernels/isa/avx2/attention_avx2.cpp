@@ -117,11 +117,15 @@ inline void scores_rows(const float* qp, int d, const bf16_t* const* keys, int n
 }
 
 void scores(const float* qp, int nrows, int d, const bf16_t* const* keys, int nkeys, float* S, int lds) {
-  for (int r0 = 0; r0 < nrows; r0 += 8) {
+  // Passes of 4 rows x 2 keys (8 chains, 10 loads per 16 FMAs), measured faster than 8 x 1 (17 loads
+  // per 16 FMAs) for G = 8; a remainder of 5-7 rows runs R x 1, 1-3 rows R x 2 or x 4.
+  for (int r0 = 0; r0 < nrows;) {
     const float* q = qp + int64_t(r0) * d;
     float* s = S + int64_t(r0) * lds;
-    switch (nrows - r0 >= 8 ? 8 : nrows - r0) {
-      case 8: scores_rows<8, 1>(q, d, keys, nkeys, s, lds); break;
+    const int left = nrows - r0;
+    const int step = left >= 8 || left == 4 ? 4 : left;
+    r0 += step;
+    switch (step) {
       case 7: scores_rows<7, 1>(q, d, keys, nkeys, s, lds); break;
       case 6: scores_rows<6, 1>(q, d, keys, nkeys, s, lds); break;
       case 5: scores_rows<5, 1>(q, d, keys, nkeys, s, lds); break;
