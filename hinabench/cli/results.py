@@ -8,7 +8,7 @@ from . import console, format_option, ints, names
 
 
 @click.command()
-@click.argument("name", type=click.Choice(["fig1", "fig10", "fig15"]))
+@click.argument("name", type=click.Choice(["fig1", "fig10", "fig15", "attn"]))
 @click.argument("results", nargs=-1, required=True)
 @click.option("--out", "out_dir", default=None, help="Directory for the figure (default: beside the results).")
 def figure(name, results, out_dir):

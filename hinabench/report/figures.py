@@ -371,3 +371,11 @@ FIGURE_ROWS = {"fig1": fig1_points, "fig10": ffn_points, "fig15": _fig15_rows}
 TITLES = {"fig1": "Figure 1: CPU vs GPU expert-FFN throughput by batch",
           "fig10": "Figure 10: expert-FFN latency vs tokens per expert, with the roofline",
           "fig15": "Figure 15: remote-DRAM traffic, weights interleaved"}
+
+
+# The attention figure lives in its own module (figure_attn.py); registered here like the others.
+from .figure_attn import attention_points as _attn_rows, attn as _attn_figure  # noqa: E402
+
+FIGURES["attn"] = _attn_figure
+FIGURE_ROWS["attn"] = _attn_rows
+TITLES["attn"] = "Attention: latency and achieved KV bandwidth vs context, with the roofline"
