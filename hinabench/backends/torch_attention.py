@@ -13,12 +13,39 @@ A ragged batch runs one sequence at a time.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 
 from . import register
-from .base import Backend
+from .base import Backend, Unsupported
+
+
+# torch's paths allocate what the KV cache never needs: gathered blocks (paged), and G-expanded K and V
+# (repeat_kv in the model file; SDPA's math fallback expands the same way), and the naive path's fp32
+# scores. Points whose transient exceeds this are `unsupported` rows (the machine has 24 GiB for three
+# engineers), with the size in the reason.
+TRANSIENT_LIMIT = int(float(os.environ.get("HINABENCH_TORCH_ATTN_MAX_GIB", "3")) * 2**30)
+
+
+def transient_bytes(p, naive: bool) -> int:
+    """Bytes one call of torch's path allocates beyond the problem's tensors (an upper bound)."""
+    G = p.h_q // p.h_kv
+    kv = p.kv_tokens * p.h_kv * p.head_dim * 2 * 2
+    out = kv if p.layout == "paged" else 0                 # the gathered copy
+    out += kv * G                                          # K and V expanded to h_q heads
+    if naive:
+        out += p.batch * p.h_q * p.q_tokens * max(p.kv_lens()) * (4 + 2)   # fp32 scores, bf16 probabilities
+    return out
+
+
+def check_transient(p, naive: bool, name: str) -> None:
+    need = transient_bytes(p, naive)
+    if need > TRANSIENT_LIMIT:
+        raise Unsupported(f"{name} would allocate ~{need / 2**30:.1f} GiB per call (gathered and G-expanded K/V"
+                          f"{', fp32 scores' if naive else ''}), over HINABENCH_TORCH_ATTN_MAX_GIB = "
+                          f"{TRANSIENT_LIMIT / 2**30:g}")
 
 
 def _gather(data, group: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,6 +138,10 @@ class TorchSdpa(Backend):
     description = ("torch F.scaled_dot_product_attention(enable_gqa=True), bf16; an explicit mask for extend; "
                    "paged blocks gathered per call")
     ops = ("attention",)
+
+    def supports(self, data) -> None:
+        super().supports(data)
+        check_transient(data.problem, False, self.name)
 
     def run_attention(self, group: int) -> torch.Tensor:
         return sdpa_attention(self.data, group)

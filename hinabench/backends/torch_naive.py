@@ -24,6 +24,12 @@ class TorchNaive(Backend):
                    "index_add; attention: repeat_kv, matmul, softmax (fp32), matmul, as a model file writes it")
     ops = ("ffn", "linear", "attention")
 
+    def supports(self, data) -> None:
+        super().supports(data)
+        if data.problem.kind == "attention":
+            from .torch_attention import check_transient
+            check_transient(data.problem, True, self.name)
+
     def run_attention(self, group: int) -> torch.Tensor:
         """The model file's attention: repeat_kv, matmul, softmax (fp32), matmul (torch_attention.py)."""
         from .torch_attention import naive_attention
