@@ -6,8 +6,9 @@ interpreter (`sys.executable -m venv`) and a recipe (env_recipes.toml). Everythi
 in `<env>/hinabench-env.json`: the recipe, the key packages' versions, the full pip freeze, when it was
 created, how many seconds that took and its size on disk.
 
-hinabench itself is not installed into the env: `<env>/hinabench-path/hinabench` is a symlink to the
-harness's package directory, and the worker runs with PYTHONPATH=<env>/hinabench-path. Its compiled
+hinabench itself is not installed into the env: `<env>/hinabench-path/<key>/hinabench` is a symlink to
+the harness's package directory (a key per harness package: several checkouts may share an env at
+once), and the worker runs with PYTHONPATH=<env>/hinabench-path/<key>. Its compiled
 `_C` does not link torch, so it loads beside any torch.
 """
 from __future__ import annotations
@@ -73,16 +74,29 @@ def package_dir() -> Path:
     return Path(hinabench.__file__).resolve().parent
 
 
-def link_hinabench(path: Path) -> None:
-    """`<env>/hinabench-path/hinabench` -> the harness's package (re-pointed if it moved)."""
-    d = path / "hinabench-path"
-    d.mkdir(exist_ok=True)
+def link_dir(path: Path) -> Path:
+    """`<env>/hinabench-path/<key>`: the folder on a worker's PYTHONPATH for this harness, one per
+    harness package (the key is a hash of its path). Harnesses of several checkouts or installs that use
+    one env at the same time then never re-point each other's link (a worker of one importing the
+    other's hinabench, without its compiled _C, was a real failure)."""
+    import hashlib
+    return path / "hinabench-path" / hashlib.sha1(str(package_dir()).encode()).hexdigest()[:12]
+
+
+def link_hinabench(path: Path) -> Path:
+    """`link_dir(path)/hinabench` -> the harness's package (re-pointed atomically if it moved).
+    Returns the folder to put on the worker's PYTHONPATH."""
+    d = link_dir(path)
+    d.mkdir(parents=True, exist_ok=True)
     link, target = d / "hinabench", package_dir()
     if link.is_symlink() and Path(os.readlink(link)) == target:
-        return
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(target, target_is_directory=True)
+        return d
+    tmp = d / f".hinabench.{os.getpid()}"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(target, target_is_directory=True)
+    os.replace(tmp, link)
+    return d
 
 
 def prepare_launch(name: str) -> Path:

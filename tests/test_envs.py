@@ -42,7 +42,8 @@ def test_create_list_remove(envroot):
     rec = json.loads((envroot / "bare" / envs.RECORD).read_text())
     assert rec["recipe"]["name"] == "empty" and rec["seconds"] > 0 and rec["size_bytes"] > 0
     assert rec["created"] and "pip" in rec["pip_freeze"] and rec["check"]["ok"]
-    link = envroot / "bare" / "hinabench-path" / "hinabench"
+    link = envs.link_dir(envroot / "bare") / "hinabench"
+    assert link.parent.parent == envroot / "bare" / "hinabench-path"
     assert link.is_symlink() and link.resolve() == envs.package_dir()
     assert envs.usable("bare") == (True, "")
 
@@ -82,7 +83,7 @@ def test_hinabench_imports_through_the_env_link(envroot):
     """The env's own interpreter (no torch there) finds the harness's package and its _C via the link."""
     envs.create("bare", {"name": "nopip", "pip": False, "steps": []}, echo=lambda *_: None)
     from hinabench.worker.proxy import _native_dir
-    env = dict(os.environ, PYTHONPATH=str(envroot / "bare" / "hinabench-path"))
+    env = dict(os.environ, PYTHONPATH=str(envs.link_dir(envroot / "bare")))
     if _native_dir():
         env["HINABENCH_NATIVE_DIR"] = _native_dir()
     code = ("import hinabench, os; from hinabench.worker.protocol import _extend_package_path; _extend_package_path(); "
@@ -103,3 +104,18 @@ def test_every_recipe_pins_every_package_it_installs():
                 if req in operands:
                     continue
                 assert "==" in req, f"recipe {name}: '{req}' is not pinned"
+
+
+def test_two_harnesses_sharing_an_env_keep_their_own_links(envroot, tmp_path, monkeypatch):
+    """Two checkouts (or installs) using one env at once: each worker must import its own harness."""
+    env = envroot / "shared"
+    env.mkdir(parents=True)
+    a, b = tmp_path / "a" / "hinabench", tmp_path / "b" / "hinabench"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    monkeypatch.setattr(envs, "package_dir", lambda: a)
+    da = envs.link_hinabench(env)
+    monkeypatch.setattr(envs, "package_dir", lambda: b)
+    db = envs.link_hinabench(env)
+    assert da != db
+    assert (da / "hinabench").resolve() == a and (db / "hinabench").resolve() == b   # neither re-pointed

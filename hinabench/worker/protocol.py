@@ -1,6 +1,6 @@
 """The worker: one peer's kernel in its own process (and usually its own virtual environment).
 
-Run as `<env python> -m hinabench.worker`, with PYTHONPATH pointing at the env's `hinabench-path`
+Run as `<env python> -m hinabench.worker`, with PYTHONPATH pointing at the env's `hinabench-path/<key>`
 (a symlink to the harness's own package, see envs.py). Protocol, version 1: one JSON object per line
 on stdin, one reply per line on stdout; no pickle, no tensors but the validation output.
 

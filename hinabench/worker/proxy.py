@@ -97,7 +97,7 @@ class WorkerBackend(Backend):
             return [sys.executable, "-m", "hinabench.worker"], env, tempfile.gettempdir()
         from .. import envs
         path = envs.prepare_launch(self.env_name)
-        env["PYTHONPATH"] = str(path / "hinabench-path")
+        env["PYTHONPATH"] = str(envs.link_dir(path))
         env["VIRTUAL_ENV"] = str(path)
         env["PATH"] = f"{path / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         env.update(envs.recipe_runtime_env(self.env_name))
