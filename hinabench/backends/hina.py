@@ -111,7 +111,6 @@ class HinaAvx2(_Hina):
 
 @register
 class HinaAvx512(_Hina):
-    ops = ("ffn", "linear")        # no attention micro-kernel for this ISA yet (kernels/ops/attention.h)
     name = "hina:avx512"
     isa = "avx512"
     description = "HiNa-MoE general-layout kernel, AVX-512 BF16 (vdpbf16ps) micro-kernel, no weight repacking"

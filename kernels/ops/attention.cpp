@@ -21,8 +21,10 @@ namespace hina {
 const std::vector<const AttnMicroKernel*>& attn_microkernels() {
   static const std::vector<const AttnMicroKernel*> table{
       &attn_microkernel_scalar,
-#if !defined(HINA_EMU_AMX) && !defined(HINA_EMU_AVX512)
-      &attn_microkernel_avx2,
+#if defined(HINA_EMU_AVX512)
+      &attn_microkernel_avx512,
+#elif !defined(HINA_EMU_AMX)
+      &attn_microkernel_avx2, &attn_microkernel_avx512,
 #endif
   };
   return table;
