@@ -15,8 +15,9 @@ from hinabench.problems import AttentionProblem, get_kind, problem_from_dict, re
 from hinabench.problems.attention import sdpa_reference
 
 TOL = 5e-3       # bf16 output: ~2e-3 from the final rounding; the problem's own tolerance is 2e-2
-ISAS = [i for i in ("scalar", "avx2", "avx512", "avx512-emulated") if kernels.isa_status(i)[0]]
-FAST = [i for i in ISAS if i != "avx512-emulated"]     # SIMDe is slow: the emulated path gets small shapes
+ISAS = [i for i in ("scalar", "avx2", "avx512", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
+EMULATED = ("avx512-emulated", "amx-emulated")
+FAST = [i for i in ISAS if i not in EMULATED]     # the emulated paths are slow: they get small shapes
 
 
 def call(d, group=0, isa="avx2", threads=2, kv_splits=0):
@@ -133,19 +134,23 @@ def test_other_rotation_groups_and_vllm_head_major_layout(isa):
     check(d, out, "head-major paged")
 
 
-# ---- the AVX-512 BF16 micro-kernel's source, run on SIMDe here (vdpbf16ps scores, V pairs converted on demand)
+# ---- the AVX-512 BF16 and AMX micro-kernels' sources, run here on SIMDe and on the tile emulator
+# (vdpbf16ps / tdpbf16ps scores on K rows as they are, the query block packed once, V converted on demand)
+@pytest.mark.parametrize("isa", EMULATED)
 @pytest.mark.parametrize("case", [
     dict(h_q=8, h_kv=1, d=128, lengths=[45, 3], phase="decode", extend=1, layout="paged", bs=16),
     dict(h_q=12, h_kv=4, d=80, lengths=[70], phase="extend", extend=9, layout="contiguous", bs=16),
     dict(h_q=7, h_kv=1, d=48, lengths=[0, 33], phase="extend", extend=4, layout="paged", bs=32),
+    dict(h_q=32, h_kv=4, d=128, lengths=[100], phase="decode", extend=1, layout="contiguous", bs=16),
+    dict(h_q=20, h_kv=1, d=64, lengths=[17, 40], phase="extend", extend=3, layout="paged", bs=16),
 ])
-def test_avx512_source_on_simde(case):
-    if "avx512-emulated" not in ISAS:
-        pytest.skip("the SIMDe build (_C_avx512_emu) is not here")
+def test_simd_and_tile_sources_emulated(isa, case):
+    if isa not in ISAS:
+        pytest.skip(f"the {isa} build is not here")
     p = AttentionProblem.custom(case["h_q"], case["h_kv"], case["d"], case["lengths"], phase=case["phase"],
                                 extend=case["extend"], layout=case["layout"], block_size=case["bs"])
     d = p.materialize(rotate=False)
-    check(d, call(d, isa="avx512-emulated", threads=1, kv_splits=2 if case["phase"] == "decode" else 0), str(p))
+    check(d, call(d, isa=isa, threads=2, kv_splits=2 if case["phase"] == "decode" else 0), f"{isa} {p}")
 
 
 # ---- random shapes (hypothesis) ----------------------------------------------------------------------
@@ -211,8 +216,9 @@ def test_zero_length_and_bad_heads_and_head_dims_are_value_errors():
         kernels.extend_attention(d.q, k, v, [0, 0], [0, 2], block_table=table)
 
 
-def test_an_isa_without_an_attention_kernel_is_refused():
-    for isa in ("amx-emulated",):
-        if kernels.isa_status(isa)[0]:
-            with pytest.raises(kernels.IsaUnavailable, match="no attention micro-kernel"):
+def test_an_isa_this_cpu_lacks_is_refused_not_run():
+    for isa in ("avx512", "amx"):
+        if not kernels.isa_status(isa)[0]:
+            with pytest.raises(kernels.IsaUnavailable, match="cannot run here"):
                 kernels.resolve_attention_isa(isa)
+    assert kernels.resolve_attention_isa("auto") in ("amx", "avx512", "avx2", "scalar")

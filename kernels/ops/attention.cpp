@@ -23,8 +23,10 @@ const std::vector<const AttnMicroKernel*>& attn_microkernels() {
       &attn_microkernel_scalar,
 #if defined(HINA_EMU_AVX512)
       &attn_microkernel_avx512,
-#elif !defined(HINA_EMU_AMX)
-      &attn_microkernel_avx2, &attn_microkernel_avx512,
+#elif defined(HINA_EMU_AMX)
+      &attn_microkernel_amx,
+#else
+      &attn_microkernel_avx2, &attn_microkernel_avx512, &attn_microkernel_amx,
 #endif
   };
   return table;
@@ -221,7 +223,7 @@ void attention(const AttnCall& c) {
 #pragma omp parallel num_threads(threads)
   {
     Scratch s;
-    s.qp.resize(size_t(max_rows) * d);
+    s.qp.resize(size_t(max_rows + 16) * (d + 32) + 64);   // every kernel's packed layout, with headroom
     s.O.resize(size_t(max_rows) * d);
     s.S.resize(size_t(max_rows) * KC);
     s.m.resize(max_rows);

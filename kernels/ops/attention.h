@@ -82,9 +82,12 @@ struct AttnMicroKernel {
 extern const AttnMicroKernel attn_microkernel_scalar;
 #if defined(HINA_EMU_AVX512)
 extern const AttnMicroKernel attn_microkernel_avx512;   // "avx512-emulated" (SIMDe)
-#elif !defined(HINA_EMU_AMX)
+#elif defined(HINA_EMU_AMX)
+extern const AttnMicroKernel attn_microkernel_amx;      // "amx-emulated" (the tile emulator)
+#else
 extern const AttnMicroKernel attn_microkernel_avx2;
 extern const AttnMicroKernel attn_microkernel_avx512;
+extern const AttnMicroKernel attn_microkernel_amx;
 #endif
 
 const std::vector<const AttnMicroKernel*>& attn_microkernels();
