@@ -71,3 +71,27 @@ def test_vllm_cpu_attention_op_validates_on_a_ragged_paged_batch():
     r = rows["vllm:attn"]
     assert r["status"] == "ok", r["reason"]
     assert r["rel_err"] < r["tolerance"] and r["versions"]["vllm_attn_isa"]
+
+
+def _row(backend, median, status="ok", **kw):
+    r = dict(op="attention", model="qwen3-30b-a3b", phase="decode", layout="paged", block_size=32, batch=1,
+             context=4096, extend=0, ragged=False, threads=2, numa="default", backend=backend, status=status,
+             median_ms=median, mad_ms=0.01, reason="", read_gbps=30.0, peak_gflops=200.0,
+             weight_bytes=4096 * 4 * 128 * 4, flops=4 * 32 * 128 * 4096, gbps=8.0, gflops=100.0)
+    r.update(kw)
+    return r
+
+
+def test_attention_targets_judge_stored_rows():
+    from hinabench.report.attn_targets import judge_attention
+    rows = [_row("hina:avx2", 0.40), _row("torch:sdpa", 1.0), _row("vllm:attn", 0.5),
+            _row("llamacpp:fa", None, status="unsupported", reason="no adapter"),
+            _row("hina:avx2", 5.0, phase="extend", extend=128), _row("torch:sdpa", 4.0, phase="extend", extend=128)]
+    v = {(x.target, x.T): x for x in judge_attention(rows, "hina:avx2")}
+    roof = v[("roofline", 4096)]
+    assert roof.verdict == "fail" and "compute-bound" in roof.why    # 0.28 ms of bytes, 0.34 ms of FLOPs
+    assert v[("sdpa", 4096)].verdict == "pass"                        # 1.0 / 0.40 = 2.5x
+    assert v[("llamacpp", 4096)].verdict == "n/a" and "no adapter" in v[("llamacpp", 4096)].why
+    assert v[("vllm (info)", 4096)].verdict == "pass"
+    ext = [x for x in judge_attention(rows, "hina:avx2") if x.target == "extend"][0]
+    assert ext.verdict == "fail" and "efficiency" in ext.why

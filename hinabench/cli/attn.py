@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import click
 
-from . import ints, names
+from ..errors import UserError
+from . import console, format_option, ints, names
 from .run import _run, _sweep, timing_options
 
 
@@ -33,4 +34,31 @@ def attn(model_names, phase, context, batch, extend, layout, block_size, ragged,
     _run(sweep, "attn", kw)
 
 
-COMMANDS = [attn]
+@click.command("attn-targets")
+@click.argument("results", nargs=-1, required=True)
+@click.option("--backend", default="hina:avx2", show_default=True, help="The hina variant to judge.")
+@click.option("--threads", default=None, help="Only these thread counts, comma-separated.")
+@format_option()
+def attn_targets(results, backend, threads, fmt):
+    """Judge the attention targets on stored rows: decode B=1, l >= 4096 at >= 0.85 of the KV-bytes
+    roofline (Qwen3-30B-A3B, Mixtral); >= 2x torch:sdpa at B=1 for l >= 1024; faster than llamacpp:fa;
+    extend (n=128 over 4096) faster than torch:sdpa, with its compute-bound efficiency. A comparison
+    that did not run is n/a, never a pass."""
+    from ..harness.store import read_rows, select_rows
+    from ..report.attn_targets import VIEW, judge_attention
+    from ..report.render import emit, machines_of
+    rows = select_rows(read_rows(list(results)), threads=ints(threads, "--threads") if threads else None)
+    if len(machines_of(rows)) > 1:
+        raise UserError("attn-targets judges one machine's rows: give one machine's results")
+    verdicts = judge_attention(rows, backend)
+    if not verdicts:
+        raise UserError(f"no ok attention row of {backend} in those results")
+    counts = {k: sum(v.verdict == k for v in verdicts) for k in ("pass", "fail", "n/a")}
+    machines = sorted({str(r.get("fingerprint") or "") for r in rows if r.get("backend") == backend} - {""})
+    tail = [f"{backend}: {counts['pass']} pass, {counts['fail']} fail, {counts['n/a']} n/a of "
+            f"{len(verdicts)} targets"] + [f"machine: {m}" for m in machines]
+    emit([v.as_row() for v in verdicts], fmt, VIEW, notes=([""] if fmt == "table" else []) + tail,
+         console=console())
+
+
+COMMANDS = [attn, attn_targets]
