@@ -68,7 +68,7 @@ struct Task {
 
 struct Scratch {
   std::vector<float> qp, O, S, m, l, row;
-  std::vector<const bf16_t*> kp, vp;
+  std::vector<const bf16_t*> kp, vp, kn, vn;   // this chunk's rows, the next chunk's
   std::vector<int> limit;
 };
 
@@ -128,17 +128,31 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
   std::fill(s.m.begin(), s.m.begin() + rows, kNegInf);
   std::fill(s.l.begin(), s.l.begin() + rows, 0.f);
   const int min_limit = s.limit[0];
-  for (int j0 = t.k0; j0 < t.k1; j0 += KC) {
-    const int nk = std::min(KC, t.k1 - j0);
-    // the chunk's key and value rows, walked block by block (no division per key)
+  // a chunk's key and value rows, walked block by block (no division per key)
+  auto rows_of = [&](int j0, int nk, const bf16_t** kp, const bf16_t** vp) {
     for (int j = 0; j < nk;) {
       const bf16_t* kb = key_at(c, c.k, c.k_seq, c.k_tok, c.k_head, c.k_blk, t.b, t.h, j0 + j);
       const bf16_t* vb = key_at(c, c.v, c.v_seq, c.v_tok, c.v_head, c.v_blk, t.b, t.h, j0 + j);
       const int run = c.block_table ? std::min(nk - j, c.block_size - (j0 + j) % c.block_size) : nk - j;
       for (int i = 0; i < run; ++i, ++j) {
-        s.kp[j] = kb + int64_t(i) * c.k_tok;
-        s.vp[j] = vb + int64_t(i) * c.v_tok;
+        kp[j] = kb + int64_t(i) * c.k_tok;
+        vp[j] = vb + int64_t(i) * c.v_tok;
       }
+    }
+  };
+  const int row_bytes = d * int(sizeof(bf16_t));
+  if (t.k0 < t.k1) rows_of(t.k0, std::min(KC, t.k1 - t.k0), s.kp.data(), s.vp.data());
+  for (int j0 = t.k0; j0 < t.k1; j0 += KC) {
+    const int nk = std::min(KC, t.k1 - j0);
+    // the next chunk's rows, prefetched while this one is computed (a paged cache jumps between blocks)
+    const int nn = std::min(KC, t.k1 - j0 - KC);
+    if (nn > 0) {
+      rows_of(j0 + KC, nn, s.kn.data(), s.vn.data());
+      for (int j = 0; j < nn; ++j)
+        for (int off = 0; off < row_bytes; off += 64) {
+          __builtin_prefetch(reinterpret_cast<const char*>(s.kn[j]) + off);
+          __builtin_prefetch(reinterpret_cast<const char*>(s.vn[j]) + off);
+        }
     }
     mk.scores(s.qp.data(), rows, d, s.kp.data(), nk, s.S.data(), KC);
     if (j0 + nk - 1 > min_limit) {               // the causal triangle reaches into this chunk
@@ -150,6 +164,10 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
     }
     mk.softmax_step(s.S.data(), KC, rows, nk, s.m.data(), s.l.data(), s.O.data(), d);
     mk.pv(s.S.data(), KC, rows, s.vp.data(), nk, d, s.O.data());
+    if (nn > 0) {
+      std::swap(s.kp, s.kn);
+      std::swap(s.vp, s.vn);
+    }
   }
   for (int r = 0; r < rows; ++r) {
     const float l = s.l[r];
@@ -231,6 +249,8 @@ void attention(const AttnCall& c) {
     s.row.resize(d);
     s.kp.resize(KC);
     s.vp.resize(KC);
+    s.kn.resize(KC);
+    s.vn.resize(KC);
     s.limit.resize(max_rows);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < int64_t(tasks.size()); ++i) {
