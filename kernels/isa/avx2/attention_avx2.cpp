@@ -12,8 +12,11 @@
 //   runs 8 x 1 tiles, G = 4 (Mixtral) 4 x 2, G = 16 two 8 x 1 passes.
 // Measured (one Zen 3 core, d = 128, K/V L2-resident, per key and KV head, G = 8): scores ~42 ns,
 //   softmax ~9 ns, P x V ~28-36 ns, about 55-65% of the FMA peak: the 2-FMA chain per accumulator and
-//   one Q load per FMA. Tried: 4 x 2 score tiles (~6% slower for G = 8); an accumulator array zeroed
-//   by a loop GCC turned into `rep stos` on the stack (scores 54 ns: hence the unroll pragma).
+//   one Q load per FMA (the 1-thread FMA peak read 91 GFLOP/s in the same minute: scores ~56% and P x V
+//   ~62% of it). Tried: 4 x 2 score tiles (~6% slower for G = 8); 4 x 1 tiles with even and odd halves
+//   in separate accumulators (half the dependency chain: no faster, 39-41 vs 40-43 ns: the chain is
+//   not the limit); an accumulator array zeroed by a loop GCC turned into `rep stos` on the stack
+//   (scores 54 ns: hence the unroll pragma).
 // pv: O[4 rows][16 columns] (8 ymm accumulators, loaded from and stored to the L1-resident O once per
 //   chunk of keys), each V load converted once and used by 4 rows (broadcast probabilities).
 // softmax_step: a vector exp2 (round to nearest, degree-6 polynomial on [-1/2, 1/2], rel. error
