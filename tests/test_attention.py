@@ -222,3 +222,21 @@ def test_an_isa_this_cpu_lacks_is_refused_not_run():
             with pytest.raises(kernels.IsaUnavailable, match="cannot run here"):
                 kernels.resolve_attention_isa(isa)
     assert kernels.resolve_attention_isa("auto") in ("amx", "avx512", "avx2", "scalar")
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(isa=st.sampled_from(EMULATED), h_kv=st.sampled_from([1, 2]), G=st.sampled_from([1, 3, 8, 17]),
+       d=st.sampled_from([16, 48, 64]), lengths=st.lists(st.integers(1, 120), min_size=1, max_size=3),
+       phase=st.sampled_from(["decode", "extend"]), n=st.integers(1, 9), bs=st.sampled_from([16, 32]),
+       layout=st.sampled_from(["paged", "contiguous"]), seed=st.integers(0, 100))
+def test_random_shapes_on_the_emulated_sources(isa, h_kv, G, d, lengths, phase, n, bs, layout, seed):
+    if isa not in ISAS:
+        pytest.skip(f"the {isa} build is not here")
+    if phase == "decode":
+        n = 1
+    else:
+        lengths = [x - 1 for x in lengths]
+    p = AttentionProblem.custom(G * h_kv, h_kv, d, lengths, phase=phase, extend=n, layout=layout, block_size=bs,
+                                seed=seed)
+    data = p.materialize(rotate=False)
+    check(data, call(data, isa=isa, threads=2), f"{isa} {p}")
