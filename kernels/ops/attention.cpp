@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -69,6 +70,8 @@ struct Task {
 struct Scratch {
   std::vector<float> qp, O, S, m, l, row;
   std::vector<const bf16_t*> kp, vp, kn, vn;   // this chunk's rows, the next chunk's
+  std::vector<const bf16_t*> ks, vs;           // the staged rows (strided caches)
+  std::vector<bf16_t> kbuf, vbuf;              // chunk_keys x d each: dense copies of strided rows
   std::vector<int> limit;
 };
 
@@ -141,6 +144,11 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
     }
   };
   const int row_bytes = d * int(sizeof(bf16_t));
+  // A token stride other than d (the [num_blocks, block_size, h_kv, d] paged layout: rows h_kv * d
+  // apart, 1 KiB for Qwen3) puts a chunk's rows into a few L1 sets: V, read once per 4-row block, and
+  // K were evicted between uses (measured 3x slower than the same keys head-major). Those rows are
+  // copied into dense per-thread buffers once per chunk instead.
+  const bool stage_k = c.k_tok != d, stage_v = c.v_tok != d;
   if (t.k0 < t.k1) rows_of(t.k0, std::min(KC, t.k1 - t.k0), s.kp.data(), s.vp.data());
   for (int j0 = t.k0; j0 < t.k1; j0 += KC) {
     const int nk = std::min(KC, t.k1 - j0);
@@ -154,7 +162,21 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
           __builtin_prefetch(reinterpret_cast<const char*>(s.vn[j]) + off);
         }
     }
-    mk.scores(s.qp.data(), rows, d, s.kp.data(), nk, s.S.data(), KC);
+    if (stage_k || stage_v) {   // rows of a strided cache: copied once into dense L1 buffers (see Scratch)
+      for (int j = 0; j < nk; ++j) {
+        if (stage_k) {
+          std::memcpy(s.kbuf.data() + int64_t(j) * d, s.kp[j], size_t(row_bytes));
+          s.ks[j] = s.kbuf.data() + int64_t(j) * d;
+        }
+        if (stage_v) {
+          std::memcpy(s.vbuf.data() + int64_t(j) * d, s.vp[j], size_t(row_bytes));
+          s.vs[j] = s.vbuf.data() + int64_t(j) * d;
+        }
+      }
+    }
+    const bf16_t* const* krows = stage_k ? s.ks.data() : s.kp.data();
+    const bf16_t* const* vrows = stage_v ? s.vs.data() : s.vp.data();
+    mk.scores(s.qp.data(), rows, d, krows, nk, s.S.data(), KC);
     if (j0 + nk - 1 > min_limit) {               // the causal triangle reaches into this chunk
       for (int r = 0; r < rows; ++r) {
         const int first_masked = std::max(0, s.limit[r] + 1 - j0);
@@ -163,7 +185,7 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
       }
     }
     mk.softmax_step(s.S.data(), KC, rows, nk, s.m.data(), s.l.data(), s.O.data(), d);
-    mk.pv(s.S.data(), KC, rows, s.vp.data(), nk, d, s.O.data());
+    mk.pv(s.S.data(), KC, rows, vrows, nk, d, s.O.data());
     if (nn > 0) {
       std::swap(s.kp, s.kn);
       std::swap(s.vp, s.vn);
@@ -251,6 +273,10 @@ void attention(const AttnCall& c) {
     s.vp.resize(KC);
     s.kn.resize(KC);
     s.vn.resize(KC);
+    s.ks.resize(KC);
+    s.vs.resize(KC);
+    s.kbuf.resize(size_t(KC) * d);
+    s.vbuf.resize(size_t(KC) * d);
     s.limit.resize(max_rows);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < int64_t(tasks.size()); ++i) {
