@@ -404,3 +404,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, isa: str = "auto", threads: int 
 def scratch_bytes(isa: str = "auto") -> int:
     """Scratch bytes (packed I, activations, y rows) the last call on this ISA's module used."""
     return int(_module(resolve_isa(isa)).moe_scratch_bytes())
+
+
+# Decode / extend attention (paper Section 6): its own module, re-exported here.
+from .kernels_attention import (attention_isas, attention_last_schedule, decode_attention,  # noqa: E402
+                                extend_attention, resolve_attention_isa)

@@ -26,6 +26,12 @@ class Model:
     source: str               # the public config the numbers come from
     # Dense projections whose shape is not the GQA pattern below (DeepSeek's MLA): name -> (N, K)
     projection_override: tuple[tuple[str, int, int], ...] = ()
+    # Attention facts (config.json): rope_theta, whether q/k get a per-head RMSNorm before RoPE (Qwen3's
+    # q_norm / k_norm), and the attention kind: "gqa" (h_q query heads share h_kv KV heads of head_dim)
+    # or "mla" (DeepSeek's multi-head latent attention; see attention_unsupported).
+    rope_theta: float = 10000.0
+    qk_norm: bool = False
+    attention: str = "gqa"
 
     def expert_bytes(self, bytes_per_weight: float = 2.0) -> int:
         """Bytes of one routed expert's three matrices (gate, up: I x H; down: H x I)."""
@@ -44,6 +50,19 @@ class Model:
         out["lm_head"] = (self.vocab_size, self.hidden_size)
         return out
 
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (GQA's group G: the small M operand of decode attention)."""
+        return self.attention_heads // self.kv_heads
+
+    def attention_unsupported(self) -> str:
+        """Why hinabench's `attention` problem kind has no case for this model, or '' if it has one."""
+        if self.attention == "mla":
+            return ("MLA: the absorbed decode form is MQA over a 576-wide latent (512 kv_lora_rank + 64 rope) "
+                    "with a 512-wide V, 128 query heads and one KV head; hinabench's attention kernels take "
+                    "head_dim <= 256 with K and V of one width, so DeepSeek-V3 is left out on purpose")
+        return ""
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d.pop("projection_override")
@@ -54,9 +73,9 @@ class Model:
 MODELS: dict[str, Model] = {m.name: m for m in [
     # Paper Table 3 (FFN kernel evaluation)
     Model("mixtral-8x7b", 4096, 14336, 8, 2, 0, 32, 32, 8, 128, 32000,
-          "mistralai/Mixtral-8x7B-v0.1/config.json"),
+          "mistralai/Mixtral-8x7B-v0.1/config.json", rope_theta=1e6),
     Model("mixtral-8x22b", 6144, 16384, 8, 2, 0, 56, 48, 8, 128, 32768,
-          "mistralai/Mixtral-8x22B-v0.1/config.json"),
+          "mistralai/Mixtral-8x22B-v0.1/config.json", rope_theta=1e6),
     # DeepSeek-V3 uses MLA: head_dim is qk_nope_head_dim + qk_rope_head_dim = 128 + 64 (v: 128);
     # the first 3 of its 61 layers are dense (first_k_dense_replace = 3).
     # MLA projections (q_lora_rank 1536, kv_lora_rank 512, qk_rope_head_dim 64, v_head_dim 128):
@@ -65,15 +84,16 @@ MODELS: dict[str, Model] = {m.name: m for m in [
     Model("deepseek-v3", 7168, 2048, 256, 8, 1, 61, 128, 128, 192, 129280,
           "deepseek-ai/DeepSeek-V3/config.json",
           (("q_a", 1536, 7168), ("q_b", 128 * 192, 1536), ("kv_a", 512 + 64, 7168),
-           ("kv_b", 128 * 256, 512), ("o", 7168, 128 * 128))),
+           ("kv_b", 128 * 256, 512), ("o", 7168, 128 * 128)),
+          rope_theta=10000.0, attention="mla"),   # + YaRN rope_scaling (factor 40) on the 64 rope dims
     Model("qwen3-235b-a22b", 4096, 1536, 128, 8, 0, 94, 64, 4, 128, 151936,
-          "Qwen/Qwen3-235B-A22B/config.json"),
+          "Qwen/Qwen3-235B-A22B/config.json", rope_theta=1e6, qk_norm=True),
     # The paper's end-to-end models
     Model("qwen3-30b-a3b", 2048, 768, 128, 8, 0, 48, 32, 4, 128, 151936,
-          "Qwen/Qwen3-30B-A3B/config.json"),
+          "Qwen/Qwen3-30B-A3B/config.json", rope_theta=1e6, qk_norm=True),
     # Qwen2-57B-A14B's shared expert has intermediate size 20480 (shared_expert_intermediate_size).
     Model("qwen2-57b-a14b", 3584, 2560, 64, 8, 1, 28, 28, 4, 128, 151936,
-          "Qwen/Qwen2-57B-A14B/config.json"),
+          "Qwen/Qwen2-57B-A14B/config.json", rope_theta=1e6),
 ]}
 
 

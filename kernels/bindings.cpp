@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "ops/attention.h"
 #include "ops/moe_ffn.h"
 #include "ops/numa_partition.h"  // numa_stats
 #if defined(HINA_EMU_AMX)
@@ -129,6 +130,47 @@ void register_moe(py::module_& m) {
       "(row stride ldx), W bf16 [N, K] (row stride ldw), out bf16 [T, N] contiguous.");
 }
 
+// Decode / extend attention (ops/attention.h) on raw buffers; hinabench/kernels.py validates first.
+void register_attention(py::module_& m) {
+  m.def("attention_isas", &attn_isas, "The attention micro-kernels built into this module.");
+  m.def(
+      "attention",
+      [](uintptr_t q, int64_t q_ts, int64_t q_hs, uintptr_t out, int64_t o_ts, int64_t o_hs, uintptr_t k,
+         uintptr_t v, std::vector<int64_t> k_strides, std::vector<int64_t> v_strides, uintptr_t block_table,
+         int64_t bt_stride, int block_size, int num_blocks, int B, int h_q, int h_kv, int d, uintptr_t q_start,
+         uintptr_t kv_len, float sm_scale, int kv_splits, const std::string& isa, int threads) {
+        if (k_strides.size() != 4 || v_strides.size() != 4)
+          throw std::invalid_argument("k_strides and v_strides are (seq, tok, head, block)");
+        AttnCall c;
+        c.q = reinterpret_cast<const bf16_t*>(q); c.q_ts = q_ts; c.q_hs = q_hs;
+        c.out = reinterpret_cast<bf16_t*>(out); c.o_ts = o_ts; c.o_hs = o_hs;
+        c.k = reinterpret_cast<const bf16_t*>(k); c.v = reinterpret_cast<const bf16_t*>(v);
+        c.k_seq = k_strides[0]; c.k_tok = k_strides[1]; c.k_head = k_strides[2]; c.k_blk = k_strides[3];
+        c.v_seq = v_strides[0]; c.v_tok = v_strides[1]; c.v_head = v_strides[2]; c.v_blk = v_strides[3];
+        c.block_table = reinterpret_cast<const int32_t*>(block_table); c.bt_stride = bt_stride;
+        c.block_size = block_size; c.num_blocks = num_blocks;
+        c.B = B; c.h_q = h_q; c.h_kv = h_kv; c.d = d;
+        c.q_start = reinterpret_cast<const int32_t*>(q_start);
+        c.kv_len = reinterpret_cast<const int32_t*>(kv_len);
+        c.sm_scale = sm_scale; c.kv_splits = kv_splits; c.isa = isa; c.threads = threads;
+        py::gil_scoped_release release;
+        attention(c);
+      },
+      py::kw_only(), py::arg("q"), py::arg("q_ts"), py::arg("q_hs"), py::arg("out"), py::arg("o_ts"),
+      py::arg("o_hs"), py::arg("k"), py::arg("v"), py::arg("k_strides"), py::arg("v_strides"),
+      py::arg("block_table"), py::arg("bt_stride"), py::arg("block_size"), py::arg("num_blocks"), py::arg("B"),
+      py::arg("h_q"), py::arg("h_kv"), py::arg("d"), py::arg("q_start"), py::arg("kv_len"), py::arg("sm_scale"),
+      py::arg("kv_splits"), py::arg("isa"), py::arg("threads"),
+      "Decode/extend attention on raw buffers (validated by hinabench.kernels.decode_attention / "
+      "extend_attention); raises ValueError for bad input.");
+  m.def("attention_last_schedule", [] {
+    const AttnSchedule s = attn_last_schedule();
+    py::dict d;
+    d["tasks"] = s.tasks; d["splits"] = s.splits; d["block_rows"] = s.block_rows;
+    return d;
+  });
+}
+
 #if defined(HINA_EMU_AMX)
 // ---- the software tile unit's own entry points, for tests/test_tile_emulator.py --------------------
 void register_tile_emulator(py::module_& m) {
@@ -191,6 +233,7 @@ void register_tile_emulator(py::module_& m) {
 PYBIND11_MODULE(HINA_EMU_MODULE_NAME, m) {
   m.doc() = "HiNa-MoE operator with an emulated ISA (tests only: runs anywhere, slowly)";
   register_moe(m);
+  register_attention(m);
 #if defined(HINA_EMU_AMX)
   register_tile_emulator(m);
 #endif
@@ -240,5 +283,6 @@ PYBIND11_MODULE(_C, m) {
       py::arg("dst"), py::arg("n"), py::arg("seed"), py::arg("scale"), py::arg("threads") = 0);
 
   register_moe(m);
+  register_attention(m);
 }
 #endif

@@ -20,7 +20,7 @@ from .base import Backend, Unsupported
 class _Hina(Backend):
     isa: str = ""
     numa: str = "off"  # the plain variants never partition, whatever the weights' placement
-    ops = ("ffn", "linear")
+    ops = ("ffn", "linear", "attention")
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -35,6 +35,18 @@ class _Hina(Backend):
     def supports(self, data) -> None:
         super().supports(data)
         p = data.problem
+        if p.kind == "attention":
+            from ..kernels_attention import HEAD_DIM_MAX, HEAD_DIM_MULTIPLE
+            if self.numa != "off":
+                raise Unsupported(f"{self.name}: the NUMA-partitioned mode is for the expert FFN only")
+            if p.head_dim % HEAD_DIM_MULTIPLE or p.head_dim > HEAD_DIM_MAX:
+                raise Unsupported(f"hina attention takes head_dim multiples of {HEAD_DIM_MULTIPLE} up to "
+                                  f"{HEAD_DIM_MAX} (got {p.head_dim})")
+            try:
+                kernels.resolve_attention_isa(self.isa)
+            except kernels.IsaUnavailable as e:
+                raise Unsupported(str(e)) from None
+            return
         dims = {"H": p.H, "I": p.I} if p.kind == "ffn" else {"N": p.N, "K": p.K}
         if any(v % kernels.SHAPE_MULTIPLE for v in dims.values()):
             got = ", ".join(f"{k}={v}" for k, v in dims.items())
@@ -52,6 +64,16 @@ class _Hina(Backend):
     def run_linear(self, group: int) -> torch.Tensor:
         d = self.data
         return kernels.linear(d.x, d.w[group], isa=self.isa, threads=self.threads)
+
+    def run_attention(self, group: int) -> torch.Tensor:
+        """Decode or extend attention on the cache of rotation group `group`, read in place."""
+        d = self.data
+        k, v, table = d.cache(group)
+        if d.problem.phase == "decode":
+            return kernels.decode_attention(d.q, k, v, d.kv_lens, block_table=table, isa=self.isa,
+                                            threads=self.threads)
+        return kernels.extend_attention(d.q, k, v, d.prefix_lens(), d.q_lens, block_table=table, isa=self.isa,
+                                        threads=self.threads)
 
     def run_ffn(self, group: int) -> torch.Tensor:
         d = self.data
@@ -78,6 +100,7 @@ class _HinaNuma(_Hina):
     piece path: per-piece partials, then the reduction)."""
     numa = "interleave-partitioned"
     work_partition = "hina"
+    ops = ("ffn", "linear")        # attention has no NUMA mode
 
     def _numa_args(self) -> dict:
         from ..numa.kernel_plan import real_nodes
@@ -102,6 +125,7 @@ class HinaAvx512(_Hina):
 
 @register
 class HinaAmx(_Hina):
+    ops = ("ffn", "linear")        # no attention micro-kernel for this ISA yet (kernels/ops/attention.h)
     name = "hina:amx"
     isa = "amx"
     description = ("HiNa-MoE general-layout kernel, AMX-BF16 micro-kernel (Algorithm 1: W as tile A in "

@@ -20,8 +20,20 @@ def route(topk_ids: torch.Tensor):
 @register
 class TorchNaive(Backend):
     name = "torch"
-    description = "PyTorch naive loop over experts: F.linear(gate), F.linear(up), SiLU*up, F.linear(down), index_add"
-    ops = ("ffn", "linear")
+    description = ("PyTorch naive loop over experts: F.linear(gate), F.linear(up), SiLU*up, F.linear(down), "
+                   "index_add; attention: repeat_kv, matmul, softmax (fp32), matmul, as a model file writes it")
+    ops = ("ffn", "linear", "attention")
+
+    def supports(self, data) -> None:
+        super().supports(data)
+        if data.problem.kind == "attention":
+            from .torch_attention import check_transient
+            check_transient(data.problem, True, self.name)
+
+    def run_attention(self, group: int) -> torch.Tensor:
+        """The model file's attention: repeat_kv, matmul, softmax (fp32), matmul (torch_attention.py)."""
+        from .torch_attention import naive_attention
+        return naive_attention(self.data, group)
 
     def run_linear(self, group: int) -> torch.Tensor:
         return F.linear(self.data.x, self.data.w[group])

@@ -81,8 +81,8 @@ def cli():
 
 def _attach() -> None:
     # Imported here (not lazily swallowed): a broken module is an error, not a vanished command.
-    from . import e2e, env, fleet, machine, numa, reproduce, results, run
-    for mod in (machine, run, results, reproduce, e2e):
+    from . import attn, e2e, env, fleet, machine, numa, reproduce, results, run
+    for mod in (machine, run, attn, results, reproduce, e2e):
         for c in mod.COMMANDS:
             cli.add_command(c)
     cli.add_command(numa.numa)

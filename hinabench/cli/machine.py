@@ -56,7 +56,8 @@ def models(as_json):
     t = Table(title="models (H hidden, I expert intermediate, E routed experts, h_q/h_kv heads, d head dim)")
     cols = [("name", "name"), ("H", "hidden_size"), ("I", "intermediate_size"), ("E", "routed_experts"),
             ("top-k", "top_k"), ("shared", "shared_experts"), ("layers", "layers"), ("h_q", "attention_heads"),
-            ("h_kv", "kv_heads"), ("d", "head_dim"), ("vocab", "vocab_size")]
+            ("h_kv", "kv_heads"), ("d", "head_dim"), ("attn", "attention"), ("rope θ", "rope_theta"),
+            ("qk-norm", "qk_norm"), ("vocab", "vocab_size")]
     for head, _ in cols + [("expert MiB", None), ("projections (N x K)", None)]:
         t.add_column(head, justify="left" if head in ("name", "projections (N x K)") else "right",
                      no_wrap=head == "name")

@@ -24,7 +24,7 @@ import click
 from .. import backends as backend_registry
 from ..errors import UserError
 from ..models import get_model
-from ..problems import FFNProblem, LinearProblem, Problem, get_kind
+from ..problems import AttentionProblem, FFNProblem, LinearProblem, Problem, get_kind
 from .points import Point
 from .runner import DENOMINATOR_SPREAD, LOAD_WARNING_CPUS
 
@@ -40,6 +40,14 @@ class Sweep:
     experts: int | None = None         # ffn: active experts per token (default: the model's top-k)
     routing: list[str] | None = None   # ffn: same-experts (default), router
     proj: list[str] | None = None      # linear: projections (default: every one of the model's)
+    # attention (tokens = batch B, sequences): phases, KV layouts, contexts l (decode: keys; extend:
+    # the cached prefix), new tokens n (extend), the paged block size, ragged batches
+    phase: list[str] | None = None     # decode (default), extend
+    layout: list[str] | None = None    # paged (default), contiguous
+    context: list[int] | None = None   # default 1024, 4096
+    extend: list[int] | None = None    # extend's new tokens (default 128)
+    block_size: int | None = None      # paged (default 32: vLLM-CPU's attention takes multiples of 32)
+    ragged: bool = False
     backends: str = "all"
     dtype: list[str] | str = "bf16"
     group: int | None = None           # int8: K elements per scale (32, 64, 128; default 128)
@@ -62,6 +70,13 @@ class Sweep:
             return [{"routing": r} for r in (self.routing or ["same-experts"])]
         if self.op == "linear":
             return [{"proj": p} for p in (self.proj or list(model.projections()))]
+        if self.op == "attention":
+            out = []
+            for ph, lay, ctx in itertools.product(self.phase or ["decode"], self.layout or ["paged"],
+                                                  self.context or [1024, 4096]):
+                for n in ([1] if ph == "decode" else (self.extend or [128])):
+                    out.append({"phase": ph, "layout": lay, "context": ctx, "extend": n})
+            return out
         return [{}]
 
     def _problem(self, model, dtype: str, tokens: int, extra: dict) -> Problem:
@@ -71,6 +86,9 @@ class Sweep:
             return FFNProblem.create(model, tokens, self.experts, dtype, self.seed, extra["routing"], group=group)
         if self.op == "linear":
             return LinearProblem.create(model, extra["proj"], tokens, dtype, self.seed)
+        if self.op == "attention":
+            return AttentionProblem.create(model, extra["phase"], tokens, extra["context"], extra["extend"],
+                                           extra["layout"], self.block_size, self.ragged, dtype, self.seed)
         raise UserError(f"no sweep for problem kind '{self.op}'")
 
     def problems(self) -> list[Problem]:
@@ -95,11 +113,14 @@ class Sweep:
 # "names": a list of strings or one string, "name": a string, "int", "float", "bool").
 SUITE_TOP = {"name": "name", "sweep": "table"}
 SWEEP_SCHEMA = {"models": "names", "tokens": "ints", "op": "name", "experts": "int", "routing": "names",
-                "proj": "names", "backends": "names", "dtype": "names", "group": "int", "threads": "ints", "repeats": "int",
+                "proj": "names", "phase": "names", "layout": "names",
+                "context": "ints", "extend": "ints", "block_size": "int", "ragged": "bool", "batch": "ints",
+                "backends": "names", "dtype": "names", "group": "int", "threads": "ints", "repeats": "int",
                 "rounds": "int", "min_time": "float", "warmup": "int", "seed": "int", "numa": "names",
                 "perf": "bool", "wait_quiet": "float"}
 BOUNDS = {"rounds": (1, None), "repeats": (0, None), "warmup": (0, None), "experts": (1, None),
-          "min_time": (1e-9, None), "tokens": (1, None), "threads": (1, None), "wait_quiet": (0, None)}
+          "min_time": (1e-9, None), "tokens": (1, None),
+          "batch": (1, None), "context": (0, None), "extend": (1, None), "block_size": (1, None), "threads": (1, None), "wait_quiet": (0, None)}
 
 
 def _typed(key: str, v, kind: str) -> tuple[object, str]:
@@ -169,7 +190,13 @@ def load_suite(path: str) -> tuple[Sweep, str]:
             problems.append(why)
         else:
             s[k] = val
+    if "batch" in s:                    # attention's name for the tokens axis (sequences B)
+        if "tokens" in raw:
+            problems.append("give either 'batch' or 'tokens', not both")
+        s["tokens"] = s.pop("batch")
     for req in ("models", "tokens"):
+        if req == "tokens" and "batch" in raw:
+            continue
         if req not in raw and "sweep" in doc:
             problems.append(f"[sweep] needs '{req}'")
     if "sweep" not in doc:

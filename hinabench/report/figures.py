@@ -568,3 +568,11 @@ TITLES = {"fig1": "Figure 1: CPU vs GPU expert-FFN throughput by batch",
           "fig13": "Figure 13: batch decode throughput and the MoE FFN's share of a decode step",
           "fig14": "Figure 14: decode ablation (baseline -> +m HiNa FFN -> +m+a HiNa attention)",
           "table4": "Table 4: prefill throughput by prompt length"}
+
+
+# The attention figure lives in its own module (figure_attn.py); registered here like the others.
+from .figure_attn import attention_points as _attn_rows, attn as _attn_figure  # noqa: E402
+
+FIGURES["attn"] = _attn_figure
+FIGURE_ROWS["attn"] = _attn_rows
+TITLES["attn"] = "Attention: latency and achieved KV bandwidth vs context, with the roofline"

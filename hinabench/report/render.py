@@ -25,6 +25,8 @@ def x_value(r: dict):
     """The token axis of a row: tokens per expert for the FFN, batch tokens for other kinds."""
     if (r.get("op") or "ffn") == "ffn":
         return r.get("tokens_per_expert")
+    if r.get("op") == "attention":     # attention: the context l (the batch is in the table's title)
+        return r.get("context")
     return r.get("batch_tokens")
 
 
@@ -64,6 +66,12 @@ def _result_title(r: dict) -> str:
         return f"{r.get('model')} {dt}{tail}"
     if op == "linear":
         return f"{r.get('model')} {r.get('proj')} [{_int(r.get('out_features'))}x{_int(r.get('in_features'))}] {r.get('dtype')}"
+    if op == "attention":
+        lay = f"paged/{_int(r.get('block_size'))}" if r.get("layout") == "paged" else str(r.get("layout"))
+        ext = f" n={_int(r.get('extend'))}" if r.get("phase") == "extend" else ""
+        rag = " ragged" if str(r.get("ragged")) in ("True", "true", "1") else ""
+        return (f"{r.get('model')} attention {r.get('phase')}{ext} {lay} B={_int(r.get('batch'))}{rag} "
+                f"[{_int(r.get('h_q'))}q/{_int(r.get('h_kv'))}kv x {_int(r.get('head_dim'))}] {r.get('dtype')} (T = l)")
     return f"{op} {r.get('model')} {r.get('dtype')}"
 
 

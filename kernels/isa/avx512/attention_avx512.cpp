@@ -1,0 +1,234 @@
+// The AVX-512 BF16 attention micro-kernel (`vdpbf16ps`), for CPUs without AMX (Zen 4/5, Cooper Lake).
+//
+// Built twice from this one source, like microkernel_avx512.cpp: for real (-mavx512bf16 ..., `_C`, isa
+// "avx512") and against SIMDe's portable AVX-512 (HINA_EMU_AVX512, `_C_avx512_emu`, isa
+// "avx512-emulated"), so its logic runs in the same tests on CPUs without AVX-512.
+//
+// Along d, query rows and K rows are both contiguous bf16, so the scores need no transform of K at all:
+//     acc_lane[i] += Q[2i] * K[2i] + Q[2i+1] * K[2i+1]          (vdpbf16ps, 32 elements per zmm)
+// Transformation 1 is a plain copy of the bf16 query rows (exact: the scale is applied to the fp32
+// scores, never rounded into Q); the scale sits in the packed buffer's first 64 bytes.
+// P x V needs pairs along the keys: the V tile is converted on demand -- 16 columns of V_j and V_j+1
+// interleaved into 16 (V_j[c], V_j+1[c]) pairs by one vpermw -- and the probabilities are rounded to
+// bf16 pairs (P_j, P_j+1), as every bf16 kernel rounds them. O stays fp32, natural order.
+// Tiles: scores 4 rows x 4 keys (16 zmm accumulators); P x V 4 rows x 64 columns (16 zmm).
+#if defined(HINA_EMU_AVX512)
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#else
+#include <immintrin.h>
+#endif
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "ops/attention.h"
+
+namespace hina {
+namespace {
+
+constexpr int kQOffset = 16;   // floats before the packed bf16 rows (the scale, then padding)
+
+inline __m512i load_row32(const bf16_t* p, bool half) {
+  if (half) {   // the last 16 elements of a head_dim that is an odd multiple of 16: zero-extended
+    __m256i lo;
+    std::memcpy(&lo, p, 32);
+    return _mm512_inserti64x4(_mm512_setzero_si512(), lo, 0);
+  }
+  __m512i v;
+  std::memcpy(&v, p, 64);
+  return v;
+}
+inline __m512bh as_bh(__m512i v) {
+  __m512bh b;
+  std::memcpy(&b, &v, 64);
+  return b;
+}
+
+inline float hsum16(__m512 v) {
+#if defined(HINA_EMU_AVX512)   // SIMDe has no _mm512_reduce_add_ps
+  alignas(64) float f[16];
+  _mm512_storeu_ps(f, v);
+  float s = 0.f;
+  for (int i = 0; i < 16; ++i) s += f[i];
+  return s;
+#else
+  return _mm512_reduce_add_ps(v);
+#endif
+}
+
+inline __m512 exp2_ps(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-126.f);
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_NGE_UQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512i xi_i = _mm512_cvtps_epi32(x);           // round to nearest
+  const __m512 f = _mm512_sub_ps(x, _mm512_cvtepi32_ps(xi_i));
+  __m512 p = _mm512_set1_ps(1.540353039e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.333355815e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129108e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265070e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471806e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(xi_i, _mm512_set1_epi32(127)), 23);
+  const __m512 r = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  return _mm512_mask_blend_ps(underflow, r, _mm512_setzero_ps());
+}
+
+void pack_q(const bf16_t* const* rows, int nrows, int d, float scale, float* qp) {
+  qp[0] = scale;
+  bf16_t* q = reinterpret_cast<bf16_t*>(qp + kQOffset);
+  for (int r = 0; r < nrows; ++r) std::memcpy(q + int64_t(r) * d, rows[r], size_t(d) * sizeof(bf16_t));
+}
+
+template <int R, int KJ>
+inline void scores_tile(const bf16_t* q, int d, const bf16_t* const* keys, float* S, int lds, float scale) {
+  __m512 acc[R * KJ];
+  for (int i = 0; i < R * KJ; ++i) acc[i] = _mm512_setzero_ps();
+  for (int c = 0; c < d; c += 32) {
+    const bool half = d - c < 32;
+    __m512bh k[KJ];
+    for (int jj = 0; jj < KJ; ++jj) k[jj] = as_bh(load_row32(keys[jj] + c, half));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh qr = as_bh(load_row32(q + int64_t(r) * d + c, half));
+      for (int jj = 0; jj < KJ; ++jj) acc[r * KJ + jj] = _mm512_dpbf16_ps(acc[r * KJ + jj], qr, k[jj]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int jj = 0; jj < KJ; ++jj) S[int64_t(r) * lds + jj] = hsum16(acc[r * KJ + jj]) * scale;
+}
+
+template <int R>
+inline void scores_rows(const bf16_t* q, int d, const bf16_t* const* keys, int nkeys, float* S, int lds, float scale) {
+  int j = 0;
+  for (; j + 4 <= nkeys; j += 4) scores_tile<R, 4>(q, d, keys + j, S + j, lds, scale);
+  for (; j < nkeys; ++j) scores_tile<R, 1>(q, d, keys + j, S + j, lds, scale);
+}
+
+void scores(const float* qp, int nrows, int d, const bf16_t* const* keys, int nkeys, float* S, int lds) {
+  const float scale = qp[0];
+  const bf16_t* q = reinterpret_cast<const bf16_t*>(qp + kQOffset);
+  for (int r0 = 0; r0 < nrows; r0 += 4) {
+    const bf16_t* qr = q + int64_t(r0) * d;
+    float* s = S + int64_t(r0) * lds;
+    switch (nrows - r0 >= 4 ? 4 : nrows - r0) {
+      case 4: scores_rows<4>(qr, d, keys, nkeys, s, lds, scale); break;
+      case 3: scores_rows<3>(qr, d, keys, nkeys, s, lds, scale); break;
+      case 2: scores_rows<2>(qr, d, keys, nkeys, s, lds, scale); break;
+      default: scores_rows<1>(qr, d, keys, nkeys, s, lds, scale); break;
+    }
+  }
+}
+
+void softmax_step(float* S, int lds, int nrows, int nkeys, float* m, float* l, float* O, int d) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const int n16 = (nkeys + 15) & ~15;   // <= lds (chunk_keys is a multiple of 16)
+  for (int r = 0; r < nrows; ++r) {
+    float* s = S + int64_t(r) * lds;
+    for (int j = nkeys; j < n16; ++j) s[j] = ninf;
+    __m512 vmax = _mm512_set1_ps(m[r]);
+    for (int j = 0; j < n16; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
+    const float mx = _mm512_reduce_max_ps(vmax);
+    if (mx == ninf) {
+      for (int j = 0; j < n16; j += 16) _mm512_storeu_ps(s + j, _mm512_setzero_ps());
+      continue;
+    }
+    const __m512 vm = _mm512_set1_ps(mx);
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < n16; j += 16) {
+      const __m512 p = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm));
+      _mm512_storeu_ps(s + j, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    const float alpha = m[r] == ninf ? 0.f : std::exp2(m[r] - mx);
+    l[r] = l[r] * alpha + hsum16(sum);
+    m[r] = mx;
+    if (alpha != 1.f) {
+      const __m512 a = _mm512_set1_ps(alpha);
+      float* o = O + int64_t(r) * d;
+      for (int i = 0; i < d; i += 16) _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_loadu_ps(o + i), a));
+    }
+  }
+}
+
+// 16 columns of V_j (low half) and V_j+1 (high half) -> 16 (V_j[c], V_j+1[c]) bf16 pairs
+inline __m512bh v_pairs(const bf16_t* vj, const bf16_t* vj1, int c) {
+  __m256i a, b;
+  std::memcpy(&a, vj + c, 32);
+  if (vj1) std::memcpy(&b, vj1 + c, 32);
+  else b = _mm256_setzero_si256();
+  const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return as_bh(_mm512_permutexvar_epi16(idx, z));
+}
+
+// O[R rows][NC x 16 columns at c] += sum over key pairs of (P_j, P_j+1) . (V_j, V_j+1)
+template <int R, int NC>
+inline void pv_tile(const uint32_t* pp, int npairs, const bf16_t* const* vals, int nkeys, int d, int c, float* O) {
+  __m512 acc[R][NC];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NC; ++n) acc[r][n] = _mm512_loadu_ps(O + int64_t(r) * d + c + 16 * n);
+  for (int jp = 0; jp < npairs; ++jp) {
+    const int j = 2 * jp;
+    __m512bh v[NC];
+    for (int n = 0; n < NC; ++n) v[n] = v_pairs(vals[j], j + 1 < nkeys ? vals[j + 1] : nullptr, c + 16 * n);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh p = as_bh(_mm512_set1_epi32(int(pp[r * npairs + jp])));
+      for (int n = 0; n < NC; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], p, v[n]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NC; ++n) _mm512_storeu_ps(O + int64_t(r) * d + c + 16 * n, acc[r][n]);
+}
+
+template <int R>
+inline void pv_rows(const uint32_t* pp, int npairs, const bf16_t* const* vals, int nkeys, int d, float* O) {
+  int c = 0;
+  for (; c + 64 <= d; c += 64) pv_tile<R, 4>(pp, npairs, vals, nkeys, d, c, O);
+  switch ((d - c) / 16) {
+    case 3: pv_tile<R, 3>(pp, npairs, vals, nkeys, d, c, O); break;
+    case 2: pv_tile<R, 2>(pp, npairs, vals, nkeys, d, c, O); break;
+    case 1: pv_tile<R, 1>(pp, npairs, vals, nkeys, d, c, O); break;
+    default: break;
+  }
+}
+
+void pv(const float* P, int lds, int nrows, const bf16_t* const* vals, int nkeys, int d, float* O) {
+  const int npairs = (nkeys + 1) / 2;
+  uint32_t pp[4 * 256];   // 4 rows x up to 256 key pairs (chunk_keys <= 512)
+  for (int r0 = 0; r0 < nrows; r0 += 4) {
+    const int R = nrows - r0 >= 4 ? 4 : nrows - r0;
+    for (int r = 0; r < R; ++r)
+      for (int jp = 0; jp < npairs; ++jp) {
+        const float* p = P + int64_t(r0 + r) * lds + 2 * jp;
+        const uint32_t lo = f32_to_bf16(p[0]), hi = 2 * jp + 1 < nkeys ? f32_to_bf16(p[1]) : 0;
+        pp[r * npairs + jp] = lo | (hi << 16);
+      }
+    float* o = O + int64_t(r0) * d;
+    switch (R) {
+      case 4: pv_rows<4>(pp, npairs, vals, nkeys, d, o); break;
+      case 3: pv_rows<3>(pp, npairs, vals, nkeys, d, o); break;
+      case 2: pv_rows<2>(pp, npairs, vals, nkeys, d, o); break;
+      default: pv_rows<1>(pp, npairs, vals, nkeys, d, o); break;
+    }
+  }
+}
+
+void unpack_o(const float* O, int d, float scale, float* out) {
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int i = 0; i < d; i += 16) _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_loadu_ps(O + i), s));
+}
+
+}  // namespace
+
+#if defined(HINA_EMU_AVX512)
+const AttnMicroKernel attn_microkernel_avx512{
+    "avx512-emulated", nullptr, {/*chunk_keys=*/32, /*block_rows=*/32}, pack_q, scores, softmax_step, pv, unpack_o};
+#else
+const AttnMicroKernel attn_microkernel_avx512{
+    "avx512", "avx512", {/*chunk_keys=*/32, /*block_rows=*/32}, pack_q, scores, softmax_step, pv, unpack_o};
+#endif
+
+}  // namespace hina

@@ -1,0 +1,242 @@
+"""Decode and extend attention (hinabench.kernels.decode_attention / extend_attention) against the fp32
+SDPA reference of the `attention` problem kind: the registry's shapes, random shapes (hypothesis: l
+from 1 to thousands, not multiples of any tile or chunk, ragged batches, shuffled block tables, both
+layouts), forced KV splits, and hostile inputs."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from hinabench import kernels
+from hinabench.errors import UserError
+from hinabench.problems import AttentionProblem, get_kind, problem_from_dict, rel_err
+from hinabench.problems.attention import sdpa_reference
+
+TOL = 5e-3       # bf16 output: ~2e-3 from the final rounding; the problem's own tolerance is 2e-2
+ISAS = [i for i in ("scalar", "avx2", "avx512", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
+EMULATED = ("avx512-emulated", "amx-emulated")
+FAST = [i for i in ISAS if i not in EMULATED]     # the emulated paths are slow: they get small shapes
+
+
+def call(d, group=0, isa="avx2", threads=2, kv_splits=0):
+    k, v, table = d.cache(group)
+    p = d.problem
+    if p.phase == "decode":
+        return kernels.decode_attention(d.q, k, v, d.kv_lens, block_table=table, isa=isa, threads=threads,
+                                        kv_splits=kv_splits)
+    return kernels.extend_attention(d.q, k, v, d.prefix_lens(), d.q_lens, block_table=table, isa=isa,
+                                    threads=threads, kv_splits=kv_splits)
+
+
+def check(d, out, what, group=0):
+    ref = d.reference(group)
+    assert out.dtype == torch.bfloat16 and tuple(out.shape) == tuple(ref.shape), what
+    err = rel_err(out, ref)
+    assert err <= TOL, f"{what}: rel err {err:.3g}"
+
+
+# ---- the problem kind ----------------------------------------------------------------------------
+def test_attention_is_a_problem_kind_with_bytes_and_flops():
+    assert get_kind("attention") is AttentionProblem
+    p = AttentionProblem.create("qwen3-30b-a3b", "decode", 4, 4096, layout="paged")
+    assert (p.h_q, p.h_kv, p.head_dim) == (32, 4, 128)
+    assert p.weight_bytes == 4 * 4096 * 4 * 128 * 2 * 2
+    assert p.flops == 4 * 32 * 128 * 4 * 4096
+    e = AttentionProblem.create("mixtral-8x7b", "extend", 1, 4096, 128, layout="contiguous")
+    assert e.kv_lens() == [4096 + 128]
+    assert e.flops == 4 * 32 * 128 * (128 * 4096 + 128 * 129 // 2)
+    assert e.key()["extend"] == 128 and e.key()["block_size"] == 0
+    q = problem_from_dict(e.to_dict())
+    assert q.key() == e.key() and q.weight_bytes == e.weight_bytes
+
+
+def test_deepseek_mla_is_refused_with_its_reason():
+    with pytest.raises(UserError, match="MLA"):
+        AttentionProblem.create("deepseek-v3", "decode", 1, 1024)
+
+
+def test_every_other_model_has_its_attention_facts():
+    from hinabench.models import MODELS
+    for m in MODELS.values():
+        assert m.rope_theta > 0
+        if m.attention == "gqa":
+            assert m.attention_heads % m.kv_heads == 0 and m.head_dim % 16 == 0
+            AttentionProblem.create(m, "decode", 1, 64)
+    assert MODELS["qwen3-30b-a3b"].qk_norm and not MODELS["mixtral-8x7b"].qk_norm
+
+
+def test_paged_tables_are_shuffled_permutations_and_groups_rotate():
+    p = AttentionProblem.create("qwen3-30b-a3b", "decode", 3, 200, layout="paged", block_size=16)
+    d = p.materialize(llc_bytes=1 << 20)
+    assert d.groups > 1
+    per = sum(p.blocks_per_seq())
+    for g in range(d.groups):
+        used = torch.cat([d.block_tables[g, b, :n] for b, n in enumerate(p.blocks_per_seq())])
+        assert sorted(used.tolist()) == list(range(g * per, (g + 1) * per))
+        assert used.tolist() != sorted(used.tolist())
+    assert len(d.group_buffers(1)) == 2
+
+
+def test_reference_matches_torch_sdpa_with_gqa():
+    p = AttentionProblem.custom(8, 2, 64, [37, 100], phase="extend", extend=5, layout="contiguous")
+    d = p.materialize(rotate=False)
+    for b in range(2):
+        k, v = d.gathered(0, b)
+        q = d.q[b * 5:(b + 1) * 5].float()
+        L = int(d.kv_lens[b])
+        mask = torch.arange(L).unsqueeze(0) <= (L - 5 + torch.arange(5)).unsqueeze(1)
+        ref = F.scaled_dot_product_attention(q.transpose(0, 1), k.float().transpose(0, 1),
+                                             v.float().transpose(0, 1), attn_mask=mask, enable_gqa=True)
+        ours = sdpa_reference(d.q[b * 5:(b + 1) * 5], k, v, L - 5, 4)
+        torch.testing.assert_close(ours, ref.transpose(0, 1), rtol=1e-4, atol=1e-5)
+
+
+# ---- the kernels on the registry's shapes ----------------------------------------------------------
+@pytest.mark.parametrize("isa", FAST)
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "mixtral-8x7b", "qwen2-57b-a14b", "qwen3-235b-a22b"])
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+def test_decode_on_registry_shapes(isa, model, layout):
+    d = AttentionProblem.create(model, "decode", 2, 777, layout=layout, ragged=True).materialize(rotate=False)
+    check(d, call(d, isa=isa), f"{isa} {model} {layout}")
+
+
+@pytest.mark.parametrize("isa", FAST)
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "mixtral-8x7b", "qwen2-57b-a14b"])
+def test_extend_on_registry_shapes(isa, model):
+    d = AttentionProblem.create(model, "extend", 2, 300, 37, layout="paged", ragged=True).materialize(rotate=False)
+    check(d, call(d, isa=isa), f"{isa} {model} extend")
+
+
+def test_batch_one_decode_is_split_over_the_kv_sequence_and_merged():
+    if "avx2" not in ISAS:
+        pytest.skip("no AVX2 here")
+    d = AttentionProblem.create("qwen3-30b-a3b", "decode", 1, 4096).materialize(rotate=False)
+    out = call(d, threads=2)
+    sched = kernels.attention_last_schedule("avx2")
+    assert sched["splits"] > 1 and sched["tasks"] >= 8, sched
+    check(d, out, "batch 1 split")
+    one = call(d, threads=2, kv_splits=1)
+    assert kernels.attention_last_schedule("avx2")["tasks"] == 4
+    check(d, one, "batch 1 unsplit")
+
+
+@pytest.mark.parametrize("isa", FAST)
+def test_other_rotation_groups_and_vllm_head_major_layout(isa):
+    p = AttentionProblem.create("mixtral-8x7b", "decode", 2, 300, layout="paged", block_size=32)
+    d = p.materialize(llc_bytes=1 << 20)
+    check(d, call(d, group=d.groups - 1, isa=isa), "last group", group=d.groups - 1)
+    # the same cache as vLLM-CPU lays it out: [num_blocks, h_kv, block_size, d]
+    k, v, table = d.cache(0)
+    kh, vh = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    out = kernels.decode_attention(d.q, kh, vh, d.kv_lens, block_table=table, head_major=True, isa=isa, threads=2)
+    check(d, out, "head-major paged")
+
+
+# ---- the AVX-512 BF16 and AMX micro-kernels' sources, run here on SIMDe and on the tile emulator
+# (vdpbf16ps / tdpbf16ps scores on K rows as they are, the query block packed once, V converted on demand)
+@pytest.mark.parametrize("isa", EMULATED)
+@pytest.mark.parametrize("case", [
+    dict(h_q=8, h_kv=1, d=128, lengths=[45, 3], phase="decode", extend=1, layout="paged", bs=16),
+    dict(h_q=12, h_kv=4, d=80, lengths=[70], phase="extend", extend=9, layout="contiguous", bs=16),
+    dict(h_q=7, h_kv=1, d=48, lengths=[0, 33], phase="extend", extend=4, layout="paged", bs=32),
+    dict(h_q=32, h_kv=4, d=128, lengths=[100], phase="decode", extend=1, layout="contiguous", bs=16),
+    dict(h_q=20, h_kv=1, d=64, lengths=[17, 40], phase="extend", extend=3, layout="paged", bs=16),
+])
+def test_simd_and_tile_sources_emulated(isa, case):
+    if isa not in ISAS:
+        pytest.skip(f"the {isa} build is not here")
+    p = AttentionProblem.custom(case["h_q"], case["h_kv"], case["d"], case["lengths"], phase=case["phase"],
+                                extend=case["extend"], layout=case["layout"], block_size=case["bs"])
+    d = p.materialize(rotate=False)
+    check(d, call(d, isa=isa, threads=2, kv_splits=2 if case["phase"] == "decode" else 0), f"{isa} {p}")
+
+
+# ---- random shapes (hypothesis) ----------------------------------------------------------------------
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(h_kv=st.sampled_from([1, 2, 4]), G=st.sampled_from([1, 2, 3, 4, 5, 7, 8, 9, 16]),
+       d=st.sampled_from([16, 64, 80, 128]),
+       lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=4),
+       phase=st.sampled_from(["decode", "extend"]), n=st.integers(1, 40),
+       layout=st.sampled_from(["paged", "contiguous"]), bs=st.sampled_from([16, 32, 128]),
+       splits=st.sampled_from([0, 1, 3]), seed=st.integers(0, 1000))
+def test_random_shapes_match_the_reference(h_kv, G, d, lengths, phase, n, layout, bs, splits, seed):
+    if "avx2" not in ISAS:
+        pytest.skip("no AVX2 here")
+    if phase == "decode":
+        n = 1
+    else:
+        lengths = [x - 1 for x in lengths]           # prefixes from 0
+    p = AttentionProblem.custom(G * h_kv, h_kv, d, lengths, phase=phase, extend=n, layout=layout,
+                                block_size=bs, seed=seed)
+    data = p.materialize(rotate=False)
+    check(data, call(data, kv_splits=splits), str(p))
+
+
+# ---- hostile inputs ----------------------------------------------------------------------------------
+def _small():
+    return AttentionProblem.custom(8, 2, 64, [50, 70], layout="paged", block_size=16).materialize(rotate=False)
+
+
+def test_block_table_out_of_range_is_a_value_error():
+    d = _small()
+    k, v, table = d.cache(0)
+    bad = table.clone()
+    bad[1, 2] = k.shape[0]
+    with pytest.raises(ValueError, match="outside"):
+        kernels.decode_attention(d.q, k, v, d.kv_lens, block_table=bad)
+    bad[1, 2] = -1
+    with pytest.raises(ValueError, match="outside"):
+        kernels.decode_attention(d.q, k, v, d.kv_lens, block_table=bad)
+    # entries past a sequence's last block are never read, so they may hold anything
+    ok = table.clone()
+    ok[0, -1] = 10 ** 6 if ok.shape[1] > 4 else ok[0, -1]
+    kernels.decode_attention(d.q, k, v, d.kv_lens, block_table=ok)
+
+
+def test_zero_length_and_bad_heads_and_head_dims_are_value_errors():
+    d = _small()
+    k, v, table = d.cache(0)
+    with pytest.raises(ValueError, match="l = 0"):
+        kernels.decode_attention(d.q, k, v, [0, 70], block_table=table)
+    with pytest.raises(ValueError, match="multiple of h_kv"):
+        kernels.decode_attention(d.q[:, :7], k, v, d.kv_lens, block_table=table)
+    q = torch.zeros(1, 4, 576, dtype=torch.bfloat16)
+    kc = torch.zeros(1, 1, 8, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="head_dim 576"):
+        kernels.decode_attention(q, kc, kc, [8])
+    q = torch.zeros(1, 4, 40, dtype=torch.bfloat16)
+    kc = torch.zeros(1, 1, 8, 40, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="head_dim 40"):
+        kernels.decode_attention(q, kc, kc, [8])
+    with pytest.raises(ValueError, match="bfloat16"):
+        kernels.decode_attention(d.q.float(), k, v, d.kv_lens, block_table=table)
+    with pytest.raises(ValueError, match="query token"):
+        kernels.extend_attention(d.q, k, v, [0, 0], [0, 2], block_table=table)
+
+
+def test_an_isa_this_cpu_lacks_is_refused_not_run():
+    for isa in ("avx512", "amx"):
+        if not kernels.isa_status(isa)[0]:
+            with pytest.raises(kernels.IsaUnavailable, match="cannot run here"):
+                kernels.resolve_attention_isa(isa)
+    assert kernels.resolve_attention_isa("auto") in ("amx", "avx512", "avx2", "scalar")
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(isa=st.sampled_from(EMULATED), h_kv=st.sampled_from([1, 2]), G=st.sampled_from([1, 3, 8, 17]),
+       d=st.sampled_from([16, 48, 64]), lengths=st.lists(st.integers(1, 120), min_size=1, max_size=3),
+       phase=st.sampled_from(["decode", "extend"]), n=st.integers(1, 9), bs=st.sampled_from([16, 32]),
+       layout=st.sampled_from(["paged", "contiguous"]), seed=st.integers(0, 100))
+def test_random_shapes_on_the_emulated_sources(isa, h_kv, G, d, lengths, phase, n, bs, layout, seed):
+    if isa not in ISAS:
+        pytest.skip(f"the {isa} build is not here")
+    if phase == "decode":
+        n = 1
+    else:
+        lengths = [x - 1 for x in lengths]
+    p = AttentionProblem.custom(G * h_kv, h_kv, d, lengths, phase=phase, extend=n, layout=layout, block_size=bs,
+                                seed=seed)
+    data = p.materialize(rotate=False)
+    check(data, call(data, isa=isa, threads=2), f"{isa} {p}")
