@@ -52,6 +52,7 @@ def test_figures_join_the_plan_as_their_kernels_land():
     assert a["fig11"].status == rp.MEASURED and a["fig11"].suites == ("fig11",)
     for f in ("fig12", "fig13", "fig14", "table4"):
         assert a[f].status == rp.MEASURED and a[f].suites == ("e2e",), f
+    assert a["attn"].status == rp.MEASURED and a["attn"].suites == ("attn", "attn-extend")
 
 
 def test_an_e2e_job_is_done_once_this_out_finished_it(tmp_path):
