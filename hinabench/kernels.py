@@ -144,6 +144,22 @@ def _check_weight(name: str, w: torch.Tensor, shape: tuple[int, int, int]) -> No
         raise ValueError(f"{name} has negative strides {w.stride()}")
 
 
+def _check_routing(topk_ids, topk_weights, T: int) -> int:
+    """topk_ids [T, k] int32/int64 and topk_weights [T, k] float32, k >= 1; returns k."""
+    if not (isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 and topk_ids.shape[0] == T):
+        raise ValueError(f"topk_ids must be [T={T}, k]")
+    if not (topk_ids.dtype in (torch.int32, torch.int64)):
+        raise ValueError(f"topk_ids must be int32 or int64 (got {topk_ids.dtype})")
+    k = int(topk_ids.shape[1])
+    if not (isinstance(topk_weights, torch.Tensor) and tuple(topk_weights.shape) == (T, k)):
+        raise ValueError(f"topk_weights must be [T={T}, k={k}] like topk_ids")
+    if not (topk_weights.dtype == torch.float32):
+        raise ValueError(f"topk_weights must be float32 (got {topk_weights.dtype})")
+    if not (k >= 1):
+        raise ValueError("topk_ids needs at least one slot per token")
+    return k
+
+
 def _check_tokens(x: torch.Tensor, K: int, name: str) -> int:
     """x must be [T, K] bf16 on the CPU with contiguous rows (any row stride); returns T."""
     if not (isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == K):
@@ -207,17 +223,7 @@ def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | N
                          "this kernel has no tail code for other shapes)")
     # ---- activations and routing -------------------------------------------------------------------
     T = _check_tokens(x, H, "H")
-    if not (isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 and topk_ids.shape[0] == T):
-        raise ValueError(f"topk_ids must be [T={T}, k]")
-    if not (topk_ids.dtype in (torch.int32, torch.int64)):
-        raise ValueError(f"topk_ids must be int32 or int64 (got {topk_ids.dtype})")
-    k = int(topk_ids.shape[1])
-    if not (isinstance(topk_weights, torch.Tensor) and tuple(topk_weights.shape) == (T, k)):
-        raise ValueError(f"topk_weights must be [T={T}, k={k}] like topk_ids")
-    if not (topk_weights.dtype == torch.float32):
-        raise ValueError(f"topk_weights must be float32 (got {topk_weights.dtype})")
-    if not (k >= 1):
-        raise ValueError("topk_ids needs at least one slot per token")
+    k = _check_routing(topk_ids, topk_weights, T)
     out = torch.empty(T, H, dtype=torch.bfloat16)
     if T == 0:
         return out
@@ -333,16 +339,7 @@ def moe_ffn_quant(x: torch.Tensor, w13, w_down, topk_ids: torch.Tensor, topk_wei
         raise ValueError(f"w_down's group ({w_down.group}) differs from w13's ({group})")
     _check_quant("w_down", w_down, scheme, (E, H, I), group)
     T = _check_tokens(x, H, "H")
-    if not (isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 and topk_ids.shape[0] == T):
-        raise ValueError(f"topk_ids must be [T={T}, k]")
-    if not (topk_ids.dtype in (torch.int32, torch.int64)):
-        raise ValueError(f"topk_ids must be int32 or int64 (got {topk_ids.dtype})")
-    k = int(topk_ids.shape[1])
-    if not (isinstance(topk_weights, torch.Tensor) and tuple(topk_weights.shape) == (T, k)
-            and topk_weights.dtype == torch.float32):
-        raise ValueError(f"topk_weights must be float32 [T={T}, k={k}] like topk_ids")
-    if not (k >= 1):
-        raise ValueError("topk_ids needs at least one slot per token")
+    k = _check_routing(topk_ids, topk_weights, T)
     out = torch.empty(T, H, dtype=torch.bfloat16)
     if T == 0:
         return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from ..errors import UserError
-from . import console, format_option, ints, names
+from . import format_option, ints, names
 from .run import _run, _sweep, timing_options
 
 
@@ -46,19 +46,15 @@ def attn_targets(results, backend, threads, fmt):
     that did not run is n/a, never a pass."""
     from ..harness.store import read_rows, select_rows
     from ..report.attn_targets import VIEW, judge_attention
-    from ..report.render import emit, machines_of
+    from ..report.render import machines_of
     rows = select_rows(read_rows(list(results)), threads=ints(threads, "--threads") if threads else None)
     if len(machines_of(rows)) > 1:
         raise UserError("attn-targets judges one machine's rows: give one machine's results")
     verdicts = judge_attention(rows, backend)
     if not verdicts:
         raise UserError(f"no ok attention row of {backend} in those results")
-    counts = {k: sum(v.verdict == k for v in verdicts) for k in ("pass", "fail", "n/a")}
-    machines = sorted({str(r.get("fingerprint") or "") for r in rows if r.get("backend") == backend} - {""})
-    tail = [f"{backend}: {counts['pass']} pass, {counts['fail']} fail, {counts['n/a']} n/a of "
-            f"{len(verdicts)} targets"] + [f"machine: {m}" for m in machines]
-    emit([v.as_row() for v in verdicts], fmt, VIEW, notes=([""] if fmt == "table" else []) + tail,
-         console=console())
+    from .results import emit_verdicts
+    emit_verdicts(verdicts, rows, backend, fmt, VIEW)
 
 
 COMMANDS = [attn, attn_targets]

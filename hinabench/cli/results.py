@@ -97,7 +97,6 @@ def targets(results, backend, models, threads, quant, fmt):
     regime, >= 0.85x torch's fp32 GEMM from T = 16, >= 1.3x every peer from T = 8, the NUMA variant
     no slower). A comparison that did not run is n/a, never a pass."""
     from ..harness.store import read_rows, select_rows
-    from ..report.render import emit
     from ..report.targets import VIEW, judge, judge_quant
     rows = select_rows(read_rows(list(results)), models=names(models),
                        threads=ints(threads, "--threads") if threads else None)
@@ -113,11 +112,17 @@ def targets(results, backend, models, threads, quant, fmt):
     verdicts = judge_quant(rows, backend) if quant else judge([r for r in rows if r.get("dtype") in (None, "", "bf16")], backend)
     if not verdicts:
         raise UserError(f"no row of {backend} in those results")
+    emit_verdicts(verdicts, rows, backend, fmt, VIEW)
+
+
+def emit_verdicts(verdicts, rows: list[dict], backend: str, fmt: str, view) -> None:
+    """Targets' verdicts as rows, then the counts and the machine they were judged on."""
+    from ..report.render import emit
     counts = {k: sum(v.verdict == k for v in verdicts) for k in ("pass", "fail", "n/a")}
     machines = sorted({str(r.get("fingerprint") or "") for r in rows if r.get("backend") == backend} - {""})
     tail = [f"{backend}: {counts['pass']} pass, {counts['fail']} fail, {counts['n/a']} n/a "
             f"of {len(verdicts)} targets"] + [f"machine: {m}" for m in machines]
-    emit([v.as_row() for v in verdicts], fmt, VIEW, notes=([""] if fmt == "table" else []) + tail,
+    emit([v.as_row() for v in verdicts], fmt, view, notes=([""] if fmt == "table" else []) + tail,
          console=console())
 
 
