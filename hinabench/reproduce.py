@@ -328,8 +328,7 @@ def calibrate(problem, names: list[str], threads: int) -> Calibration:
         n = r["backend"]
         prep = float(r.get("prepare_ms") or 0) / 1e3
         per[n] = {"status": r.get("status"), "prepare_s": prep, "turn_s": turns.get(n, 0.0),
-                  "lat_s": float(r["median_ms"]) / 1e3 if r.get("median_ms") == r.get("median_ms")
-                  and r.get("median_ms") is not None else 0.0}
+                  "lat_s": float(r.get("median_ms") or 0) / 1e3}   # live rows: no median without samples
     # What the turns and the backends' own preparation do not explain (workers starting, validation
     # calls, the reference) is a fixed setup cost, shared out among the backends that got that far.
     explained = sum(p["turn_s"] + p["prepare_s"] for p in per.values())
@@ -378,6 +377,8 @@ class SuitePlan:
     rows_todo: int = 0
     rows_done: int = 0
     job: dict | None = None        # an e2e job's E2EConfig keywords (sweep is None then)
+    threads: int = 0               # the job's threads
+    estimated_from: str = ""       # a job's estimate: "as measured before" or "a prior: not calibrated"
     done: set = field(default_factory=set)
 
 
@@ -433,7 +434,7 @@ def make_plan(out: Path, quick: bool, only: list[str] | None = None, backends: s
     from .harness import runner
     from .harness.store import ResultStore
     from .harness.suite import plan_sweep
-    from .machine.sysinfo import meminfo, topology
+    from .machine.sysinfo import llc_bytes, meminfo, topology
 
     caps = caps or Capabilities.here()
     known = [f.id for f in PAPER]
@@ -448,6 +449,7 @@ def make_plan(out: Path, quick: bool, only: list[str] | None = None, backends: s
     figures = [(f, f.assess(caps)) for f in PAPER if not only or f.id in only]
     suites: dict[str, SuitePlan] = {}
     avail = meminfo().get("MemAvailable", 0)
+    llc = llc_bytes()
     for _, a in figures:
         if a.status == NOT_HERE:
             continue
@@ -464,8 +466,7 @@ def make_plan(out: Path, quick: bool, only: list[str] | None = None, backends: s
             if sp.path.exists():
                 done = ResultStore(sp.path, op=sweep.op).done_keys()
             for pt in points:
-                from .machine.sysinfo import llc_bytes
-                need = runner.memory_needed(pt.problem, pt.problem.rotation_groups(llc_bytes()), names)
+                need = runner.memory_needed(pt.problem, pt.problem.rotation_groups(llc), names)
                 if avail and need > avail:
                     sp.left_out.append(f"{pt.problem}: needs {need / 2**30:.1f} GiB, "
                                        f"{avail / 2**30:.1f} GiB available")
@@ -489,14 +490,16 @@ def _job_plan(name: str, quick: bool, out: Path, machine: str, threads: int) -> 
         sp.rows_done = int(finished[-1].get("rows", 1))
     else:
         sp.rows_todo = 1
-    sp.job_threads = threads
+    sp.threads = threads
     return sp
 
 
-def job_estimate(sp: SuitePlan, quick: bool, state: dict) -> float:
-    """An e2e job's time: what this --out measured for it last, else the prior."""
+def job_estimate(sp: SuitePlan, quick: bool, state: dict) -> tuple[float, str]:
+    """An e2e job's time, and where it comes from: what this --out measured for it last, else the prior."""
     past = [j["seconds"] for j in state.get("jobs", []) if j.get("name") == sp.name and j.get("keywords") == sp.job]
-    return past[-1] if past else SUITES[sp.name].prior_s[1 if quick else 0]
+    if past:
+        return past[-1], "as measured before"
+    return SUITES[sp.name].prior_s[1 if quick else 0], "a prior: not calibrated"
 
 
 def run_job(sp: SuitePlan, command: str, echo) -> tuple[int, float]:
@@ -507,7 +510,7 @@ def run_job(sp: SuitePlan, command: str, echo) -> tuple[int, float]:
     kw = dict(sp.job)
     kw["engines"] = expand(kw["engines"])
     kw["prefill_engines"] = expand(kw["prefill_engines"])
-    cfg = E2EConfig(**kw, threads=getattr(sp, "job_threads", 0), command=command)
+    cfg = E2EConfig(**kw, threads=sp.threads, command=command)
     store = ResultStore(sp.path, op="e2e")
     store.open_for_append()
     t0 = time.monotonic()
@@ -522,7 +525,8 @@ def estimate(plan: Plan, cal: Calibration | None) -> None:
     for sp in plan.suites.values():
         sp.todo_s = 0.0
         if sp.job is not None:
-            sp.todo_s = job_estimate(sp, plan.quick, state) if sp.rows_todo else 0.0
+            if sp.rows_todo:
+                sp.todo_s, sp.estimated_from = job_estimate(sp, plan.quick, state)
             continue
         if cal is None:
             continue

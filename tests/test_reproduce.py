@@ -58,13 +58,13 @@ def test_figures_join_the_plan_as_their_kernels_land():
 def test_an_e2e_job_is_done_once_this_out_finished_it(tmp_path):
     sp = rp._job_plan("e2e", True, tmp_path, "m", 1)
     assert sp.rows_todo == 1 and sp.job["layers"] == [1, 2]
-    assert rp.job_estimate(sp, True, {}) == rp.SUITES["e2e"].prior_s[1]       # a prior until measured
+    assert rp.job_estimate(sp, True, {}) == (rp.SUITES["e2e"].prior_s[1], "a prior: not calibrated")
     sp.path.parent.mkdir(parents=True)
     sp.path.write_text("x\n")
     rp.save_state(tmp_path, {"jobs": [{"name": "e2e", "keywords": sp.job, "rows": 12, "seconds": 99.0}]})
     again = rp._job_plan("e2e", True, tmp_path, "m", 1)
     assert again.rows_todo == 0 and again.rows_done == 12
-    assert rp.job_estimate(again, True, rp.load_state(tmp_path)) == 99.0
+    assert rp.job_estimate(again, True, rp.load_state(tmp_path)) == (99.0, "as measured before")
     assert rp._job_plan("e2e", False, tmp_path, "m", 1).rows_todo == 1      # the full job is another one
 
 

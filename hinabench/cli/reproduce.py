@@ -67,8 +67,7 @@ def reproduce(budget, quick, out_dir, only, backends, threads, plan_only):
     for sp in (plan.suites[s] for s in plan.order):
         if sp.job is not None:
             lines.append(f"  job {sp.name}: hinabench e2e {sp.job}, "
-                         + ("done" if not sp.rows_todo else f"to run, ~{rp.fmt_duration(sp.todo_s)} "
-                            f"({'as measured before' if rp.job_estimate(sp, quick, state) != rp.SUITES[sp.name].prior_s[1 if quick else 0] else 'a prior: not calibrated'})")
+                         + ("done" if not sp.rows_todo else f"to run, ~{rp.fmt_duration(sp.todo_s)} ({sp.estimated_from})")
                          + f" -> {sp.path}")
             continue
         lines.append(f"  suite {sp.name}: {len(sp.points)} point(s) x {len(sp.names)} backend(s), "
