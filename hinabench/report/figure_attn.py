@@ -13,9 +13,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from ..errors import UserError
-from ..harness.store import load_frame
-from .figures import _cpu_only, _one_machine, _save, _short
+from .figures import _save, _short, figure_rows
 
 
 def attention_points(df):
@@ -32,11 +30,8 @@ def attn(results: list[str], out_dir: str | None = None, frame=None) -> list[Pat
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    df = attention_points(load_frame(results) if frame is None else frame)
-    _one_machine(df, "attn")
-    df, gpu_note = _cpu_only(df)
-    if df.empty:
-        raise UserError("no attention rows in the results given (make them with `hinabench attn`)")
+    df, gpu_note = figure_rows(results, frame, attention_points, "attn",
+                               "no attention rows in the results given (make them with `hinabench attn`)")
     df = df.copy()
     for c in ("context", "batch", "median_ms", "p10_ms", "p90_ms", "weight_bytes", "flops", "read_gbps",
               "peak_gflops", "threads", "extend"):

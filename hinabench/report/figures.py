@@ -85,6 +85,17 @@ def _one_machine(df, name: str) -> None:
                             f"which puts machines side by side")
 
 
+def figure_rows(results: list[str], frame, select, name: str, empty: str):
+    """The rows a figure draws: `select` of the stored rows (or of `frame`), one machine's, CPU backends
+    only; returns (rows, the caption's note on GPU backends left out). None left: UserError(`empty`)."""
+    df = select(load_frame(results) if frame is None else frame)
+    _one_machine(df, name)
+    df, gpu_note = _cpu_only(df)
+    if df.empty:
+        raise UserError(empty)
+    return df, gpu_note
+
+
 def fig10(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
     import matplotlib
 
@@ -191,12 +202,11 @@ def fig4(results: list[str], out_dir: str | None = None, frame=None) -> list[Pat
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    df = fig4_points(load_frame(results) if frame is None else frame)
-    _one_machine(df, "fig4")
-    df, gpu_note = _cpu_only(df)
-    if df.empty or "pct_bw" not in df:
-        raise UserError("no FFN rows of a CPU backend (same-experts routing) in the results given: make them "
-                        "with `hinabench ffn --tokens 1` or suites/fig10.toml")
+    empty = ("no FFN rows of a CPU backend (same-experts routing) in the results given: make them "
+             "with `hinabench ffn --tokens 1` or suites/fig10.toml")
+    df, gpu_note = figure_rows(results, frame, fig4_points, "fig4", empty)
+    if "pct_bw" not in df:
+        raise UserError(empty)
     df = df.copy()
     df["pct_bw"] = pd.to_numeric(df["pct_bw"], errors="coerce")
     df["numa"] = df["numa"].fillna("default") if "numa" in df else "default"
@@ -497,12 +507,9 @@ def fig11(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    df = quant_points(load_frame(results) if frame is None else frame)
-    _one_machine(df, "fig11")
-    df, gpu_note = _cpu_only(df)
-    if df.empty:
-        raise UserError("no int8 or fp8 FFN rows in the results given (hinabench ffn --dtype int8,fp8, or "
-                        "hinabench suite run suites/fig11.toml)")
+    df, gpu_note = figure_rows(results, frame, quant_points, "fig11",
+                               "no int8 or fp8 FFN rows in the results given (hinabench ffn --dtype int8,fp8, "
+                               "or hinabench suite run suites/fig11.toml)")
     threads = int(df["threads"].max())
     df = df[df["threads"] == threads]
     sp = fig11_speedups(df)
@@ -524,7 +531,7 @@ def fig11(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
                 if v:
                     xs.append(i + (j - (len(Ts) - 1) / 2) * width)
                     ys.append(v[0])
-            bars = ax.bar(xs, ys, width, color=cmap(j / max(1, len(Ts) - 1)), label=f"T={T}")
+            ax.bar(xs, ys, width, color=cmap(j / max(1, len(Ts) - 1)), label=f"T={T}")
             for x, y in zip(xs, ys):
                 ax.text(x, y, f"{y:.2f}", ha="center", va="bottom", fontsize=6)
         ax.axhline(1.0, color="k", lw=0.8)
