@@ -20,8 +20,8 @@
 //                     kChunk        K elements per chunk
 //                     kBlocking     the Blocking (microkernel.h) of glue's loop nest
 //                     zero(), load_x(const Elem*), load_w(const bf16_t*), fma(Acc, W, X) -> Acc,
-//                     hsum(Acc) -> float, packed_bytes, pack_tokens; prefetch(const bf16_t*) if
-//                     kBlocking.prefetch_next
+//                     hsum(Acc) -> float, packed_bytes, pack_tokens; prefetch(const bf16_t*)
+//                     (into L1) and prefetch_l2 where kBlocking's prefetch fields ask for them
 #pragma once
 #include <cstdlib>
 #include <cstring>
@@ -86,9 +86,9 @@ inline void store_y(float* y, int64_t ldy, int n0, int n, int M, const float* c,
 // sub-block (`last`) their horizontal sums are added into c, else they are stored back to buf.
 // Per (row, token) the multiply-adds are the same, in the same order, whatever R, TT or the
 // sub-blocking: every blocking gives bit-identical sums.
-// With PF, also prefetches pf[r][0 .. k1-k0): the W slice the next call will stream from memory,
-// so DRAM traffic overlaps this tile's FMAs instead of stalling the next one.
-template <class Kn, int R, int TT, bool PF = false>
+// With PF (1: into L1, 2: into L2), also prefetches pf[r][0 .. k1-k0): the W slice the next call
+// will stream from memory, so DRAM traffic overlaps this tile's FMAs instead of stalling the next one.
+template <class Kn, int R, int TT, int PF = 0>
 inline void acc_tile(const bf16_t* const* w, const typename Kn::Elem* const* in, int k0, int k1,
                      typename Kn::Acc* buf, bool first, bool last, float* c, int ldc,
                      const bf16_t* const* pf = nullptr) {
@@ -103,7 +103,8 @@ inline void acc_tile(const bf16_t* const* w, const typename Kn::Elem* const* in,
     for (int t = 0; t < TT; ++t) x[t] = Kn::load_x(in[t] + k);
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      if constexpr (PF) Kn::prefetch(pf[r] + (k - k0));
+      if constexpr (PF == 1) Kn::prefetch(pf[r] + (k - k0));
+      if constexpr (PF == 2) Kn::prefetch_l2(pf[r] + (k - k0));
       const typename Kn::W wv = Kn::load_w(w[r] + k);
       #pragma GCC unroll 16
       for (int t = 0; t < TT; ++t) acc[r][t] = Kn::fma(acc[r][t], wv, x[t]);
@@ -135,11 +136,26 @@ struct Out { float* c; int64_t row_ld, piece_ld; };
 template <class Kn, int R, int TT>
 void rows_x_tokens(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* in,
                    const int32_t* pc, int np, Out o) {
+  constexpr int PF = Kn::kBlocking.decode_prefetch[TT];
   int r = 0;
   for (; r + R <= nrows; r += R)
-    for (int p = 0; p < np; ++p)
-      dot_tile<Kn, R, TT>(w + r, in, pc[2 * p], pc[2 * p + 1], o.c + r * o.row_ld + p * o.piece_ld,
-                          int(o.row_ld));
+    for (int p = 0; p < np; ++p) {
+      float* c = o.c + r * o.row_ld + p * o.piece_ld;
+      // decode_prefetch: the next tile in this order (these rows' next piece, else the next R
+      // rows' first piece) is prefetched while this one streams
+      const bf16_t* pf[R];
+      bool ahead = false;
+      if constexpr (PF != 0) {
+        if (p + 1 < np) for (int q = 0; q < R; ++q) pf[q] = w[r + q] + pc[2 * p + 2];
+        else if (r + 2 * R <= nrows) for (int q = 0; q < R; ++q) pf[q] = w[r + R + q] + pc[0];
+        ahead = p + 1 < np || r + 2 * R <= nrows;
+      }
+      if (ahead)
+        acc_tile<Kn, R, TT, PF>(w + r, in, pc[2 * p], pc[2 * p + 1], nullptr, true, true, c,
+                                int(o.row_ld), pf);
+      else
+        dot_tile<Kn, R, TT>(w + r, in, pc[2 * p], pc[2 * p + 1], c, int(o.row_ld));
+    }
   for (; r < nrows; ++r)
     for (int p = 0; p < np; ++p)
       dot_tile<Kn, 1, TT>(w + r, in, pc[2 * p], pc[2 * p + 1], o.c + r * o.row_ld + p * o.piece_ld,
@@ -224,7 +240,7 @@ void mm_rows(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int 
             else if (r + 2 * MR <= nrows) for (int q = 0; q < MR; ++q) pf[q] = w[r + MR + q] + gk0;
             else pfp = nullptr;
             if (pfp && mc >= NR) {
-              acc_tile<Kn, MR, NR, true>(w + r, in, s0, s1, acc_of(0), first, last, cr, ld, pfp);
+              acc_tile<Kn, MR, NR, B.prefetch_next>(w + r, in, s0, s1, acc_of(0), first, last, cr, ld, pfp);
               t = NR;
             }
           }
@@ -271,6 +287,18 @@ template <class Kn>
 void gate_up(const GateUpTask& t) {
   using Elem = typename Kn::Elem;
   const bf16_t** rows = tl_rows.get(size_t(2) * t.n);
+  if constexpr (Kn::kBlocking.interleave_gate_up) {
+    if (piece_phase(t.w_gate) == piece_phase(t.w_up)) {
+      for (int j = 0; j < t.n; ++j) {
+        rows[2 * j] = t.w_gate + j * t.ldw_gate;
+        rows[2 * j + 1] = t.w_up + j * t.ldw_up;
+      }
+      float* c = tl_c.get(size_t(2) * t.n * t.M);
+      mm_rows_chained<Kn>(rows, 2 * t.n, static_cast<const Elem*>(t.I), t.M, t.K, c);
+      store_act_block<Kn>(t.act, t.act_K, t.n0, t.n, 0, t.M, c, c + t.M, 2 * int64_t(t.M));
+      return;
+    }
+  }
   for (int j = 0; j < t.n; ++j) {
     rows[j] = t.w_gate + j * t.ldw_gate;
     rows[t.n + j] = t.w_up + j * t.ldw_up;

@@ -90,7 +90,7 @@ struct Blocking {
   // decode, M <= decode_max_m tokens: every W row streamed once, all M tokens in registers,
   // decode_rows[M] W rows per tile
   int decode_max_m;
-  int decode_rows[5];
+  int decode_rows[7];
   // blocked, M > decode_max_m: tiles of mr W rows x nr tokens
   int mr, nr;
   int k_group;           // K span of a group of pieces (0: one piece per group)
@@ -99,7 +99,13 @@ struct Blocking {
   int mb_min;            // tokens per block at least (when mb_l2_bytes bounds it)
   int mb_l2_bytes;       // L2 budget for a token block's I slice over a group (0: always mb_max)
   bool token_blocks_outer;  // loop order: token blocks outside K groups (else inside)
-  bool prefetch_next;    // prefetch the next W sub-block while a tile runs
+  int prefetch_next;     // prefetch the next W sub-block while a tile runs (0: no; 1: into L1; 2: L2)
+  // decode, M tokens: while a tile streams its rows' piece, prefetch the next tile's
+  // (decode_prefetch[M] 0: no; 1: into L1; 2: into L2)
+  int decode_prefetch[7];
+  // gate_up: tiles take gate and up rows alternately (two streams far apart in memory, as the best
+  // read probe reads), when the two matrices share their piece cuts
+  bool interleave_gate_up;
 };
 
 // ---- the table -----------------------------------------------------------------------------------

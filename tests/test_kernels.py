@@ -195,9 +195,10 @@ def test_threads_do_not_change_the_result():
 
 @pytest.mark.parametrize("isa", RUNNABLE)
 def test_a_tokens_output_does_not_depend_on_its_batch(isa):
-    """Batch invariance: a token run alone (the decode tiles, M <= 2) and inside a batch of 37 (the
-    blocked tiles, M > 2, accumulators carried across sub-blocks of the 2048-element pieces) gives
-    the same bits: every blocking issues the same FMAs per (row, token) in the same order."""
+    """Batch invariance: a token run alone (the decode tiles), in a batch of 5 (a few tokens per
+    expert: AVX2's narrow decode tiles with their prefetch) and inside a batch of 37 (the blocked
+    tiles, accumulators carried across sub-blocks of the 2048-element pieces) gives the same bits:
+    every blocking issues the same FMAs per (row, token) in the same order."""
     p = FFNProblem.custom(256, 2560, 37, 2, routed_experts=4)  # I = 2560: two pieces for down
     d = materialize(p, rotate=False)
     full = run(d, isa)
@@ -205,6 +206,9 @@ def test_a_tokens_output_does_not_depend_on_its_batch(isa):
         one = moe_ffn(d.x[t:t + 1], None, None, d.w_down, d.topk_ids[0][t:t + 1],
                       d.topk_weights[t:t + 1], w13=d.w13, isa=isa, threads=THREADS)
         assert torch.equal(one[0], full[t]), f"{isa}: token {t} alone differs from in its batch"
+    few = moe_ffn(d.x[:5], None, None, d.w_down, d.topk_ids[0][:5], d.topk_weights[:5], w13=d.w13,
+                  isa=isa, threads=THREADS)
+    assert torch.equal(few, full[:5]), f"{isa}: the first 5 tokens differ from in the batch of 37"
 
 
 def test_hina_isa_env_and_auto(monkeypatch):

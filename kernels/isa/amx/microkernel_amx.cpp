@@ -260,7 +260,7 @@ const MicroKernel microkernel_amx_bf16{
     "amx", Dtype::bf16, "amx",
 #endif
     // Blocking: AMX's is fixed by its tiles (n_r = m_r = 32 above); the driver reads task_rows.
-    Blocking{/*task_rows=*/64, 0, {}, 0, 0, 0, 0, 0, 0, 0, false, false},
+    Blocking{/*task_rows=*/64, 0, {}, 0, 0, 0, 0, 0, 0, 0, false, 0},
     packed_bytes, pack_tokens, gate_up, down, piece_dots, store_act<Amx>};
 
 }  // namespace hina

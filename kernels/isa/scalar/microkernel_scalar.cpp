@@ -69,7 +69,7 @@ void down(const DownTask& t) {
 
 const MicroKernel microkernel_scalar_bf16{
     "scalar", Dtype::bf16, nullptr,
-    Blocking{/*task_rows=*/64, 0, {}, 0, 0, 0, 0, 0, 0, 0, false, false},  // plain loops: no blocking
+    Blocking{/*task_rows=*/64, 0, {}, 0, 0, 0, 0, 0, 0, 0, false, 0},  // plain loops: no blocking
     packed_bytes, pack_tokens, gate_up, down, piece_dots, store_act<Scalar>};
 
 }  // namespace hina
