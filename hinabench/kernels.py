@@ -255,6 +255,9 @@ def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | N
         return out
     nodes, (mat_plan, hdr, seg_off, segs), cpus, info = setup
     kernel_plan.record(info)
+    if info.get("plain"):  # one node: nothing to partition, the plain tasks (kernel_plan.setup)
+        mod.moe_ffn(call)
+        return out
     call.numa_nodes, call.node_cpus = nodes, cpus
     call.mat_plan, call.plan_hdr = mat_plan.data_ptr(), hdr.data_ptr()
     call.seg_off, call.segs = seg_off.data_ptr(), segs.data_ptr()

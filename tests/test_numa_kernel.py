@@ -74,6 +74,9 @@ def check_case(isa, H, I, E, T, k, nodes, page, offset, threads=2):
     # bit-identical to the plain kernel
     assert torch.equal(out.view(torch.int16), plain.view(torch.int16)), \
         f"{what}: {(out.float() - plain.float()).abs().max().item()} max abs diff vs numa=off"
+    if nodes == 1:  # nothing to partition: the plain tasks ran (kernel_plan.setup), said so
+        assert info.get("plain") is True, info
+        return out
     # and right
     I_ = I
     ref = moe_ffn_reference(x, w13[:, :I_], w13[:, I_:], wd, ids, tw)

@@ -5,7 +5,8 @@ framework's layout (w13 [E, 2I, H] and w_down [E, H, I], rows contiguous; a proj
 See hinabench/kernels.py. A dense projection (`linear`) is the driver's single-matrix case: the same
 gather of the tokens and the same micro-kernels, W read in place.
 The "-numa" variants run the kernel's NUMA mode (numa="interleave-partitioned", Section 5) on the
-real nodes; their `work_partition` is "hina" (the remote-traffic model's partition).
+real nodes; their `work_partition` is "hina" (the remote-traffic model's partition). On a machine
+with one node that mode has nothing to partition and runs the plain tasks (numa/kernel_plan.py).
 """
 from __future__ import annotations
 

@@ -109,7 +109,10 @@ def plans(mats, E: int, nodes: int, page_bytes: int, placements):
 
 
 def setup(numa: str, numa_nodes: int | None, numa_page: str | None, mats):
-    """None (run plain) or (nodes, plan arrays, node_cpus, info) for the partitioned kernel."""
+    """None (run plain) or (nodes, plan arrays, node_cpus, info) for the partitioned kernel. On one
+    node info["plain"] is True: Algorithm 2 has nothing to partition there (every piece is local), so
+    the kernel runs the plain tasks -- the same sums, bit for bit, without the piece tasks' reduction
+    (the plan and the placement are still read and recorded)."""
     if numa not in NUMA_MODES:
         raise ValueError(f"numa must be one of {', '.join(NUMA_MODES)} (got {numa!r})")
     if numa == "off":
@@ -146,4 +149,6 @@ def setup(numa: str, numa_nodes: int | None, numa_page: str | None, mats):
     arrays = plans(mats, int(mats[0].shape[0]), nodes, page_bytes, tuple(placements))
     info = {"mode": "interleave-partitioned", "nodes": nodes, "virtual": virtual,
             "page_bytes": page_bytes, "bound": bool(cpus and any(cpus)), "reason": reason}
+    if nodes == 1:
+        info["plain"] = True
     return nodes, arrays, cpus, info
