@@ -7,9 +7,7 @@
 
 #include <stdexcept>
 
-#if !defined(HINA_EMU_AMX) && !defined(HINA_EMU_AVX512)
-#include "common.h"  // isa_usable (cpu.cpp)
-#endif
+#include "kernel_table.h"  // find_usable, isa_names
 
 namespace hina {
 
@@ -28,18 +26,10 @@ const std::vector<const MicroKernel*>& microkernels() {
 }
 
 const MicroKernel& find_microkernel(const std::string& isa, Dtype dtype) {
-  for (const MicroKernel* mk : microkernels()) {
-    if (isa != mk->isa || dtype != mk->dtype) continue;
-#if !defined(HINA_EMU_AMX) && !defined(HINA_EMU_AVX512)
-    // Never SIGILL: a kernel runs only if cpuid (and, for AMX, the OS's permission) allows it.
-    if (mk->cpu_isa && !isa_usable(mk->cpu_isa))
-      throw std::invalid_argument("isa '" + isa + "' is not usable on this CPU");
-#endif
-    return *mk;
-  }
-  std::string known;
-  for (const MicroKernel* mk : microkernels()) known += (known.empty() ? "" : ", ") + std::string(mk->isa);
-  throw std::invalid_argument("isa '" + isa + "' is not built into this module (it has: " + known + ")");
+  auto same_dtype = [&](const MicroKernel& m) { return m.dtype == dtype; };
+  if (const MicroKernel* mk = find_usable(microkernels(), isa, same_dtype)) return *mk;
+  throw std::invalid_argument("isa '" + isa + "' is not built into this module (it has: " +
+                              isa_names(microkernels()) + ")");
 }
 
 const std::vector<const QuantMicroKernel*>& quant_microkernels() {
@@ -57,18 +47,11 @@ const std::vector<const QuantMicroKernel*>& quant_microkernels() {
 }
 
 const QuantMicroKernel& find_quant_microkernel(const std::string& isa, Dtype dtype) {
+  auto same_dtype = [&](const QuantMicroKernel& m) { return m.dtype == dtype; };
+  if (const QuantMicroKernel* mk = find_usable(quant_microkernels(), isa, same_dtype)) return *mk;
+  // The quantized tables hold several dtypes: list only the ISAs that have this one.
   const char* dname = dtype == Dtype::int8 ? "int8" : dtype == Dtype::fp8 ? "fp8" : "bf16";
-  for (const QuantMicroKernel* mk : quant_microkernels()) {
-    if (isa != mk->isa || dtype != mk->dtype) continue;
-#if !defined(HINA_EMU_AMX) && !defined(HINA_EMU_AVX512)
-    if (mk->cpu_isa && !isa_usable(mk->cpu_isa))
-      throw std::invalid_argument("isa '" + isa + "' is not usable on this CPU");
-#endif
-    return *mk;
-  }
-  std::string known;
-  for (const QuantMicroKernel* mk : quant_microkernels())
-    if (mk->dtype == dtype) known += (known.empty() ? "" : ", ") + std::string(mk->isa);
+  const std::string known = isa_names(quant_microkernels(), same_dtype);
   throw std::invalid_argument("no " + std::string(dname) + " micro-kernel for isa '" + isa +
                               "' in this module (" + dname + " has: " + (known.empty() ? "none" : known) + ")");
 }

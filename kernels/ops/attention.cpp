@@ -12,10 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "kernel_table.h"  // find_usable, isa_names
 #include "ops/parallel.h"
-#if !defined(HINA_EMU_AMX) && !defined(HINA_EMU_AVX512)
-#include "common.h"  // isa_usable
-#endif
 
 namespace hina {
 
@@ -40,17 +38,9 @@ std::vector<std::string> attn_isas() {
 }
 
 const AttnMicroKernel& find_attn_microkernel(const std::string& isa) {
-  for (const AttnMicroKernel* mk : attn_microkernels()) {
-    if (isa != mk->isa) continue;
-#if !defined(HINA_EMU_AMX) && !defined(HINA_EMU_AVX512)
-    if (mk->cpu_isa && !isa_usable(mk->cpu_isa))
-      throw std::invalid_argument("isa '" + isa + "' is not usable on this CPU");
-#endif
-    return *mk;
-  }
-  std::string known;
-  for (const std::string& s : attn_isas()) known += (known.empty() ? "" : ", ") + s;
-  throw std::invalid_argument("no attention micro-kernel for isa '" + isa + "' in this module (it has: " + known + ")");
+  if (const AttnMicroKernel* mk = find_usable(attn_microkernels(), isa)) return *mk;
+  throw std::invalid_argument("no attention micro-kernel for isa '" + isa + "' in this module (it has: " +
+                              isa_names(attn_microkernels()) + ")");
 }
 
 namespace {
