@@ -133,10 +133,9 @@ inline void dot_tile(const bf16_t* const* w, const typename Kn::Elem* const* in,
 struct Out { float* c; int64_t row_ld, piece_ld; };
 
 // All `nrows` rows against tokens in[0..TT), every piece: R rows at a time.
-template <class Kn, int R, int TT>
+template <class Kn, int R, int TT, int PF>
 void rows_x_tokens(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* in,
                    const int32_t* pc, int np, Out o) {
-  constexpr int PF = Kn::kBlocking.decode_prefetch[TT];
   int r = 0;
   for (; r + R <= nrows; r += R)
     for (int p = 0; p < np; ++p) {
@@ -171,7 +170,11 @@ void decode(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* i
   if constexpr (TT < B.decode_max_m) {
     if (M > TT) return decode<Kn, TT + 1>(w, nrows, in, M, pc, np, o);
   }
-  rows_x_tokens<Kn, B.decode_rows[TT], TT>(w, nrows, in, pc, np, o);
+  if constexpr (TT == 1 && B.decode_short_k != 0) {
+    if (pc[2 * np - 1] - pc[0] <= B.decode_short_k)
+      return rows_x_tokens<Kn, B.decode_short_rows, 1, B.decode_short_prefetch>(w, nrows, in, pc, np, o);
+  }
+  rows_x_tokens<Kn, B.decode_rows[TT], TT, B.decode_prefetch[TT]>(w, nrows, in, pc, np, o);
 }
 
 template <class Kn>

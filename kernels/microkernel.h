@@ -106,6 +106,10 @@ struct Blocking {
   // gate_up: tiles take gate and up rows alternately (two streams far apart in memory, as the best
   // read probe reads), when the two matrices share their piece cuts
   bool interleave_gate_up;
+  // decode, one token, rows (or piece spans) of at most decode_short_k elements: one piece each, so
+  // every tile starts on new pages; decode_short_rows rows per tile, decode_short_prefetch as above
+  // (decode_short_k 0: no such case)
+  int decode_short_k, decode_short_rows, decode_short_prefetch;
 };
 
 // ---- the table -----------------------------------------------------------------------------------

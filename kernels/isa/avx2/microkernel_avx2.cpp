@@ -17,7 +17,9 @@
 //   M <= 6 tokens (decode, memory-bound): every W row is streamed from memory exactly once per
 //     call, all tokens in registers: 8 rows at a time (M = 1), 4 (M = 2), 2 (M = 3..6); from M = 2
 //     each tile prefetches the next tile's W (the same rows' next piece, or the next rows' first)
-//     into L2 while it streams its own, so the page-sized pieces never start cold.
+//     into L2 while it streams its own, so the page-sized pieces never start cold. At M = 1 rows of
+//     at most one piece (2048 elements: Qwen3-30B-A3B's gate/up, every Qwen3 down projection) take
+//     4-row tiles with that prefetch too: each of their tiles starts on new pages.
 //   M > 6: K in groups of one piece, tokens in blocks whose fp32 I slice over a group (<= 256 KiB)
 //     stays in L2; per 4 rows, each piece is cut into 512-element sub-blocks whose 4-row W slice
 //     (4 KiB) stays in L1 while the block's token pairs pass over it (4 x 2 tile, accumulators
@@ -42,7 +44,8 @@
 // 2 x 4 fp32 tiles (0.72-0.93x at T = 8..64: no memory stall left to blame, the fp32 tiles are
 // slower in situ); blocked tiles 2 x 4 and 4 x 3 on bf16 W (0.85-0.93x), k_sub 256 or 1024,
 // token blocks outside the K groups, L2 budgets 128/384 KiB, L2 instead of L1 for the blocked
-// prefetch (all within the MAD).
+// prefetch (all within the MAD). The M = 1 short-row case: Qwen3-30B-A3B T = 1 1.08x (4.27 vs
+// 4.62 ms, 9 rounds), Mixtral-8x7B, Qwen2-57B, Qwen3-235B within the MAD.
 // Round 1, tried and measured slower on Mixtral at T = 3..16: W converted once per 4-row
 // sub-block into an fp32 L1 buffer and run through a 4 x 3 fp32 tile (faster in L1, ~80 vs ~60
 // GFLOP/s, but the conversion pass exposes DRAM latency: T = 4 60 vs 47 ms); 2 x M whole-piece
@@ -84,7 +87,8 @@ struct Avx2 {
       /*mr=*/4, /*nr=*/2, /*k_group=*/2048, /*k_sub=*/512,
       /*mb_max=*/32, /*mb_min=*/4, /*mb_l2_bytes=*/256 << 10,
       /*token_blocks_outer=*/false, /*prefetch_next=*/1, /*decode_prefetch=*/{0, 0, 2, 2, 2, 2, 2},
-      /*interleave_gate_up=*/true};
+      /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/4,
+      /*decode_short_prefetch=*/2};
 
   static Acc zero() { return _mm256_setzero_ps(); }
   static X load_x(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
