@@ -29,30 +29,13 @@
 #include "microkernel.h"
 #include "numeric.h"
 #include "pieces.h"
+#include "scratch.h"
 
 namespace hina {
 namespace {  // internal linkage, on purpose: see LINKAGE above
 
 inline int imin(int a, int b) { return a < b ? a : b; }
 inline int imax(int a, int b) { return a > b ? a : b; }
-
-// A per-thread scratch buffer, grown on demand (a few hundred KiB at most). Trivially
-// destructible on purpose (thread_local objects with destructors upset GCC's LTO here): the
-// buffer of a thread lives as long as the thread (OpenMP's pool).
-template <class Tp>
-struct ThreadScratch {
-  Tp* p;
-  size_t n;
-  Tp* get(size_t want) {
-    if (want > n) {
-      std::free(p);
-      p = static_cast<Tp*>(std::aligned_alloc(64, ((want * sizeof(Tp)) + 63) & ~size_t(63)));
-      if (!p) std::abort();
-      n = want;
-    }
-    return p;
-  }
-};
 
 // ---- the stores of transformations 2 and 3 (every kernel) ---------------------------------------
 // Transformation 2: activation columns [n0, n0+n) of tokens [m0, m0+M) = SiLU(g) * u, with g, u of

@@ -7,10 +7,11 @@
 //
 // What a kernel struct provides
 //   dtype                      Dtype::int8 or Dtype::fp8
-//   kRowsOne, kRows            W rows per tile for M == 1, and for M > 1
-//   tile<R, TT>(w, sw, I, M, K, group, kb0, kb1, t0, c, ldc)
+//   kBlocking                  the QBlocking below: rows per tile and prefetch by M, interleave
+//   tile<R, TT, PF>(w, sw, I, M, K, group, kb0, kb1, t0, c, ldc, pf)
 //                              c[r * ldc + t] += the (scaled) dot of rows w[r] and tokens t0 + t over
-//                              [kb0, kb1) (whole groups / fp8 blocks)
+//                              [kb0, kb1) (whole groups / fp8 blocks); with PF == 2 it also prefetches
+//                              pf[r][0 .. kb1 - kb0) into L2 (the next tile's W) as it streams its own
 //   scale_row(s, lds, row, group)  the scales of W row `row`
 #pragma once
 #include <cmath>
@@ -18,6 +19,7 @@
 
 #include "numeric.h"
 #include "quant.h"
+#include "scratch.h"
 
 namespace hina {
 namespace {  // internal linkage, on purpose: see glue.h, LINKAGE
@@ -26,23 +28,40 @@ constexpr int kTokTile = 4;   // tokens per tile at most
 
 inline size_t a64(size_t n) { return (n + 63) & ~size_t(63); }
 
-// A per-thread fp32 buffer (gate and up sums of one task), trivially destructible (glue.h's reason).
-struct TlBuf { float* p; size_t n; };
-thread_local TlBuf tl_c{nullptr, 0};
-float* tl_floats(size_t want) {
-  if (want > tl_c.n) {
-    std::free(tl_c.p);
-    tl_c.p = static_cast<float*>(std::aligned_alloc(64, a64(want * sizeof(float))));
-    if (!tl_c.p) std::abort();
-    tl_c.n = want;
-  }
-  return tl_c.p;
+// Decode blocking (M <= kTokTile tokens: one token tile, each W row streamed once over the whole K),
+// by M = 1..kTokTile:
+//   rows[M]      W rows per tile;
+//   prefetch[M]  0: none; 2: while a tile streams its rows, the next tile's rows are prefetched into
+//                L2 (the tile's own loads then find them there: more lines in flight per core);
+//   interleave   gate_up's tiles take gate and up rows alternately (two streams far apart per core).
+// More tokens: rows[0] rows x kTokTile tokens per tile, K in blocks of 1024, no prefetch.
+struct QBlocking {
+  int rows[kTokTile + 1];
+  int prefetch[kTokTile + 1];
+  bool interleave;
+};
+
+template <int N> struct IntC { static constexpr int value = N; };
+
+// An L2 prefetch of `bytes` from each of the R rows p[r] + off (the next tile's slice of a group).
+template <int R>
+inline void prefetch_l2_rows(const int8_t* const* p, int off, int bytes) {
+  #pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(p[r] + off + b, 0, 2);  // prefetcht1
 }
 
-// Stores of transformation 2 (fp32, row-major) and 3 (transpose), c laid out [2][n][M] / [n][M].
-inline void store_act_f32(float* act, int act_K, int n0, int n, int M, const float* g, const float* u) {
+thread_local ThreadScratch<float> tl_c{nullptr, 0};             // a task's sums, [rows][M]
+thread_local ThreadScratch<float> tl_row{nullptr, 0};           // one token's K values as fp32
+thread_local ThreadScratch<const int8_t*> tl_w{nullptr, 0};     // a task's W row pointers
+thread_local ThreadScratch<const float*> tl_s{nullptr, 0};      // and their scale rows
+
+// Stores of transformation 2 (fp32, row-major; column j's gate and up sums of token m at
+// g[j * ldg + m], u[j * ldg + m]) and 3 (transpose, c laid out [n][M]).
+inline void store_act_f32(float* act, int act_K, int n0, int n, int M, const float* g, const float* u,
+                          int64_t ldg) {
   for (int m = 0; m < M; ++m)
-    for (int j = 0; j < n; ++j) act[int64_t(m) * act_K + n0 + j] = silu_mul(g[j * M + m], u[j * M + m]);
+    for (int j = 0; j < n; ++j) act[int64_t(m) * act_K + n0 + j] = silu_mul(g[j * ldg + m], u[j * ldg + m]);
 }
 inline void store_y(float* y, int64_t ldy, int n0, int n, int M, const float* c) {
   for (int m = 0; m < M; ++m)
@@ -77,16 +96,9 @@ inline void quantize_row(const float* v, int K, int group, Q* q, float* s) {
   }
 }
 
-thread_local TlBuf tl_row{nullptr, 0};
 template <class Q, int kOffset>
 void i8_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int group, void* I) {
-  if (K > int(tl_row.n)) {
-    std::free(tl_row.p);
-    tl_row.p = static_cast<float*>(std::aligned_alloc(64, a64(size_t(K) * sizeof(float))));
-    if (!tl_row.p) std::abort();
-    tl_row.n = size_t(K);
-  }
-  float* v = tl_row.p;
+  float* v = tl_row.get(size_t(K));
   Q* q = static_cast<Q*>(I);
   float* s = i8_s<Q>(I, M, K);
   for (int m = 0; m < M; ++m) {
@@ -126,66 +138,105 @@ void f8_pack_act(const float* act, int M, int K, int, void* out) {
 }
 
 // ================================ the shared loop: rows x token tiles ============================
-template <class Kn, int R>
-void rows_tokens(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int n0, int n, const void* I,
-                 int M, int K, int group, int kb, float* c) {
+// Rows w[0..n) (scales sw[j] = Kn::scale_row of row j) x all M tokens into c [n][M], K in blocks of
+// kb (the tokens' slice of a block stays in L1/L2 while every row tile passes over it; each W byte is
+// read once). R rows per tile (a tail of n % R rows one at a time); with PF, each tile prefetches the
+// next tile's rows while it streams (decode only: one token tile per row tile).
+template <class Kn, int R, int PF>
+void rows_tokens(const int8_t* const* rows, const float* const* srows, int n, const void* I, int M, int K,
+                 int group, int kb, float* c) {
   const int nblk = (K + 127) / 128;
   float scaled[R * 1024];  // fp8: this tile's block scales x 2^120 (K <= 131072)
   for (int64_t i = 0; i < int64_t(n) * M; ++i) c[i] = 0.f;
   for (int kb0 = 0; kb0 < K; kb0 += kb) {
     const int kb1 = kb0 + kb < K ? kb0 + kb : K;
-    for (int r = 0; r + R <= n; r += R) {
-      const int8_t* w[R];
-      const float* sw[R];
-      for (int q = 0; q < R; ++q) {
-        w[q] = w0 + int64_t(n0 + r + q) * ldw;
-        const float* sr = Kn::scale_row(s0, lds, n0 + r + q, group);
+    int r = 0;
+    auto row_tile = [&](auto rr) {
+      constexpr int RR = decltype(rr)::value;
+      const int8_t* w[RR];
+      const float* sw[RR];
+      for (int q = 0; q < RR; ++q) {
+        w[q] = rows[r + q];
         if constexpr (Kn::dtype == Dtype::fp8) {
           float* dst = scaled + q * nblk;
-          for (int b = kb0 / 128; b < (kb1 + 127) / 128; ++b) dst[b] = sr[b] * kTwo120;
+          for (int b = kb0 / 128; b < (kb1 + 127) / 128; ++b) dst[b] = srows[r + q][b] * kTwo120;
           sw[q] = dst;
         } else {
-          sw[q] = sr;
+          sw[q] = srows[r + q];
         }
       }
       float* cr = c + int64_t(r) * M;
+      constexpr int P = RR == R ? PF : 0;
+      if (P != 0 && M <= kTokTile && r + 2 * RR <= n) {
+        const int8_t* pf[RR];
+        for (int q = 0; q < RR; ++q) pf[q] = rows[r + RR + q] + kb0;
+        switch (M) {
+          case 4: Kn::template tile<RR, 4, P>(w, sw, I, M, K, group, kb0, kb1, 0, cr, M, pf); return;
+          case 3: Kn::template tile<RR, 3, P>(w, sw, I, M, K, group, kb0, kb1, 0, cr, M, pf); return;
+          case 2: Kn::template tile<RR, 2, P>(w, sw, I, M, K, group, kb0, kb1, 0, cr, M, pf); return;
+          default: Kn::template tile<RR, 1, P>(w, sw, I, M, K, group, kb0, kb1, 0, cr, M, pf); return;
+        }
+      }
       int t = 0;
       for (; t + kTokTile <= M; t += kTokTile)
-        Kn::template tile<R, kTokTile>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M);
+        Kn::template tile<RR, kTokTile, 0>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M, nullptr);
       switch (M - t) {
-        case 3: Kn::template tile<R, 3>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M); break;
-        case 2: Kn::template tile<R, 2>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M); break;
-        case 1: Kn::template tile<R, 1>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M); break;
+        case 3: Kn::template tile<RR, 3, 0>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M, nullptr); break;
+        case 2: Kn::template tile<RR, 2, 0>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M, nullptr); break;
+        case 1: Kn::template tile<RR, 1, 0>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M, nullptr); break;
         default: break;
       }
-    }
+    };
+    for (; r + R <= n; r += R) row_tile(IntC<R>{});
+    for (; r < n; ++r) row_tile(IntC<1>{});
   }
 }
 
-// One matrix's rows [n0, n0+n) x all tokens into c [n][M]. Decode (M <= 4, one token tile): the
-// whole K at once, Kn::kRowsOne rows per tile for one token (memory-bound: more rows in flight), else
-// Kn::kRows. More tokens: K blocks of 1024 (a multiple of every group and of fp8's 128), kRows rows x
-// 4 tokens.
+// Rows x all M tokens into c [n][M], with Kn::kBlocking's tiles for M.
 template <class Kn>
-void mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int n0, int n, const void* I, int M,
-        int K, int group, float* c) {
-  if (M == 1) rows_tokens<Kn, Kn::kRowsOne>(w0, ldw, s0, lds, n0, n, I, M, K, group, K, c);
-  else if (M <= kTokTile) rows_tokens<Kn, Kn::kRows>(w0, ldw, s0, lds, n0, n, I, M, K, group, K, c);
-  else rows_tokens<Kn, Kn::kRows>(w0, ldw, s0, lds, n0, n, I, M, K, group, 1024, c);
+void mm(const int8_t* const* rows, const float* const* srows, int n, const void* I, int M, int K, int group,
+        float* c) {
+  constexpr QBlocking B = Kn::kBlocking;
+  switch (M) {
+    case 1: return rows_tokens<Kn, B.rows[1], B.prefetch[1]>(rows, srows, n, I, M, K, group, K, c);
+    case 2: return rows_tokens<Kn, B.rows[2], B.prefetch[2]>(rows, srows, n, I, M, K, group, K, c);
+    case 3: return rows_tokens<Kn, B.rows[3], B.prefetch[3]>(rows, srows, n, I, M, K, group, K, c);
+    case 4: return rows_tokens<Kn, B.rows[4], B.prefetch[4]>(rows, srows, n, I, M, K, group, K, c);
+    default: return rows_tokens<Kn, B.rows[0], 0>(rows, srows, n, I, M, K, group, 1024, c);
+  }
 }
 
+// Gate and up rows in one pass (interleaved: gate j, up j, gate j+1, ... so every tile streams both
+// matrices), SiLU(gate)*up fused into the store (transformation 2).
 template <class Kn>
 void q_gate_up(const QGateUpTask& t) {
-  float* c = tl_floats(size_t(2) * t.n * t.M);
-  mm<Kn>(t.w_gate, t.ldw_gate, t.s_gate, t.lds_gate, t.n0, t.n, t.I, t.M, t.K, t.group, c);
-  mm<Kn>(t.w_up, t.ldw_up, t.s_up, t.lds_up, t.n0, t.n, t.I, t.M, t.K, t.group, c + int64_t(t.n) * t.M);
-  store_act_f32(t.act, t.act_K, t.n0, t.n, t.M, c, c + int64_t(t.n) * t.M);
+  const int8_t** rows = tl_w.get(size_t(2) * t.n);
+  const float** srows = tl_s.get(size_t(2) * t.n);
+  constexpr bool il = Kn::kBlocking.interleave;
+  for (int j = 0; j < t.n; ++j) {
+    const int row = t.n0 + j;
+    const int g = il ? 2 * j : j, u = il ? 2 * j + 1 : t.n + j;
+    rows[g] = t.w_gate + int64_t(row) * t.ldw_gate;
+    rows[u] = t.w_up + int64_t(row) * t.ldw_up;
+    srows[g] = Kn::scale_row(t.s_gate, t.lds_gate, row, t.group);
+    srows[u] = Kn::scale_row(t.s_up, t.lds_up, row, t.group);
+  }
+  float* c = tl_c.get(size_t(2) * t.n * t.M);
+  mm<Kn>(rows, srows, 2 * t.n, t.I, t.M, t.K, t.group, c);
+  if (il) store_act_f32(t.act, t.act_K, t.n0, t.n, t.M, c, c + t.M, 2 * int64_t(t.M));
+  else store_act_f32(t.act, t.act_K, t.n0, t.n, t.M, c, c + int64_t(t.n) * t.M, t.M);
 }
 
 template <class Kn>
 void q_down(const QDownTask& t) {
-  float* c = tl_floats(size_t(t.n) * t.M);
-  mm<Kn>(t.w, t.ldw, t.s, t.lds, t.n0, t.n, t.act, t.M, t.K, t.group, c);
+  const int8_t** rows = tl_w.get(size_t(t.n));
+  const float** srows = tl_s.get(size_t(t.n));
+  for (int j = 0; j < t.n; ++j) {
+    rows[j] = t.w + int64_t(t.n0 + j) * t.ldw;
+    srows[j] = Kn::scale_row(t.s, t.lds, t.n0 + j, t.group);
+  }
+  float* c = tl_c.get(size_t(t.n) * t.M);
+  mm<Kn>(rows, srows, t.n, t.act, t.M, t.K, t.group, c);
   store_y(t.y, t.ldy, t.n0, t.n, t.M, c);
 }
 

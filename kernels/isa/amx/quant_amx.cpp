@@ -48,22 +48,11 @@ inline float* amx_scales(const void* p, int M, int K) {
   return reinterpret_cast<float*>(const_cast<char*>(static_cast<const char*>(p)) + a64(groups * size_t(K) * kTok));
 }
 
-thread_local TlBuf tl_q{nullptr, 0};  // one token's int8 row before it is scattered into the layout
-thread_local TlBuf tl_x{nullptr, 0};  // one token's x as fp32
-
-inline float* tl_get(TlBuf& b, size_t n) {
-  if (n > b.n) {
-    std::free(b.p);
-    b.p = static_cast<float*>(std::aligned_alloc(64, a64(n * sizeof(float))));
-    if (!b.p) std::abort();
-    b.n = n;
-  }
-  return b.p;
-}
+thread_local ThreadScratch<int8_t> tl_q{nullptr, 0};  // one token's int8 row before it is scattered into the layout
 
 // Token m's K values v quantized per group (quant_glue.h's quantize_row) and written in VNNI-4 order.
 inline void put_token(const float* v, int m, int K, int group, void* out, int M) {
-  int8_t* qrow = reinterpret_cast<int8_t*>(tl_get(tl_q, size_t(K)));
+  int8_t* qrow = tl_q.get(size_t(K));
   quantize_row<int8_t, 0>(v, K, group, qrow, amx_scales(out, M, K) + int64_t(m) * (K / group));
   int8_t* g = static_cast<int8_t*>(out) + size_t(m / kTok) * K * kTok;
   for (int k = 0; k < K; k += 4) std::memcpy(g + (size_t(k) / 4 * kTok + m % kTok) * 4, qrow + k, 4);
@@ -71,7 +60,7 @@ inline void put_token(const float* v, int m, int K, int group, void* out, int M)
 
 void amx_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int group, void* I) {
   std::memset(I, 0, ((size_t(M) + kTok - 1) / kTok) * size_t(K) * kTok);  // tokens past M stay zero
-  float* v = tl_get(tl_x, size_t(K));
+  float* v = tl_row.get(size_t(K));
   for (int m = 0; m < M; ++m) {
     const bf16_t* src = x + int64_t(rows[m]) * ldx;
     for (int k = 0; k < K; ++k) v[k] = bf16_to_f32(src[k]);
@@ -127,14 +116,14 @@ void amx_mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int n0,
 }
 
 void amx_gate_up(const QGateUpTask& t) {
-  float* c = tl_floats(size_t(2) * t.n * t.M);
+  float* c = tl_c.get(size_t(2) * t.n * t.M);
   amx_mm(t.w_gate, t.ldw_gate, t.s_gate, t.lds_gate, t.n0, t.n, t.I, t.M, t.K, t.group, c);
   amx_mm(t.w_up, t.ldw_up, t.s_up, t.lds_up, t.n0, t.n, t.I, t.M, t.K, t.group, c + int64_t(t.n) * t.M);
-  store_act_f32(t.act, t.act_K, t.n0, t.n, t.M, c, c + int64_t(t.n) * t.M);
+  store_act_f32(t.act, t.act_K, t.n0, t.n, t.M, c, c + int64_t(t.n) * t.M, t.M);
 }
 
 void amx_down(const QDownTask& t) {
-  float* c = tl_floats(size_t(t.n) * t.M);
+  float* c = tl_c.get(size_t(t.n) * t.M);
   amx_mm(t.w, t.ldw, t.s, t.lds, t.n0, t.n, t.act, t.M, t.K, t.group, c);
   store_y(t.y, t.ldy, t.n0, t.n, t.M, c);
 }

@@ -33,14 +33,16 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-template <int R, int TT>
+template <int R, int TT, int PF>
 inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint8_t* const* x,
-                      const float* const* sx, int kb0, int kb1, int group, float* c, int ldc) {
+                      const float* const* sx, int kb0, int kb1, int group, float* c, int ldc,
+                      const int8_t* const* nxt) {
   const __m256i bias = _mm256_set1_epi8(char(0x80));
   __m256 accf[R][TT];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < TT; ++t) accf[r][t] = _mm256_setzero_ps();
   for (int k0 = kb0, gi = kb0 / group; k0 < kb1; k0 += group, ++gi) {
+    if constexpr (PF == 2) prefetch_l2_rows<R>(nxt, k0 - kb0, group);
     __m256i acc[R][TT], comp[R];
     for (int r = 0; r < R; ++r) {
       comp[r] = _mm256_setzero_si256();
@@ -71,10 +73,11 @@ inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint
 
 struct VnniKn {
   static constexpr Dtype dtype = Dtype::int8;
-  static constexpr int kRowsOne = 8, kRows = 2;
-  template <int R, int TT>
+  // the AVX2 kernel's first blocking; the prefetch and interleave await a measurement on an AVX-512 CPU
+  static constexpr QBlocking kBlocking{/*rows=*/{2, 8, 2, 2, 2}, /*prefetch=*/{0, 0, 0, 0, 0}, /*interleave=*/false};
+  template <int R, int TT, int PF>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int group,
-                   int kb0, int kb1, int t0, float* c, int ldc) {
+                   int kb0, int kb1, int t0, float* c, int ldc, const int8_t* const* nxt) {
     const uint8_t* x[TT];
     const float* sx[TT];
     const uint8_t* q = static_cast<const uint8_t*>(I);
@@ -83,7 +86,7 @@ struct VnniKn {
       x[t] = q + int64_t(t0 + t) * K;
       sx[t] = s + int64_t(t0 + t) * (K / group);
     }
-    vnni_tile<R, TT>(w, sw, x, sx, kb0, kb1, group, c, ldc);
+    vnni_tile<R, TT, PF>(w, sw, x, sx, kb0, kb1, group, c, ldc, nxt);
   }
   static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row) * lds; }
 };
