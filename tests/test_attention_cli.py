@@ -1,6 +1,7 @@
 """`hinabench attn` end to end (both phases, both layouts, validated rows in the store), the attention
 figure from stored rows, the attention suites, the torch paths' memory guard, and vLLM-CPU's attention
-op in its own environment (skipped with the reason when the env is missing)."""
+op and llama.cpp's flash attention in their own environments (skipped with the reason when an env is
+missing)."""
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,18 @@ def test_vllm_cpu_attention_op_validates_on_a_ragged_paged_batch():
     r = rows["vllm:attn"]
     assert r["status"] == "ok", r["reason"]
     assert r["rel_err"] < r["tolerance"] and r["versions"]["vllm_attn_isa"]
+
+
+@pytest.mark.skipif(not envs.usable("llamacpp")[0], reason=envs.usable("llamacpp")[1])
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+def test_llamacpp_flash_attention_validates_on_a_ragged_extend_batch(layout):
+    # ragged lengths (the mask hides the cells past each sequence) and the causal triangle of extend
+    p = AttentionProblem.custom(16, 4, 128, [70, 33, 200], phase="extend", extend=5, layout=layout, block_size=16)
+    cfg = RunConfig(rounds=1, warmup=1, min_time=0.02, max_time=1.0, command="test")
+    r = {r["backend"]: r for r in run_point(p, ["llamacpp:fa"], 1, cfg, data=p.materialize(rotate=False))}["llamacpp:fa"]
+    assert r["status"] == "ok", r["reason"]
+    assert r["rel_err"] < r["tolerance"]
+    assert r["extra_bytes"] >= p.weight_bytes     # its own copy of K and V, each sequence padded to the longest
 
 
 def _row(backend, median, status="ok", **kw):

@@ -22,14 +22,6 @@ class _Absent(Backend):
 
 
 @register
-class LlamaCppFlashAttn(_Absent):
-    name = "llamacpp:fa"
-    description = "llama.cpp ggml_flash_attn_ext through ggml's C API (adapter not written)"
-    why = ("no adapter yet: ggml_flash_attn_ext needs the llamacpp env (a ~14-minute source build), which is "
-           "not on this machine, so an adapter could not be built or validated here")
-
-
-@register
 class IpexPagedAttn(_Absent):
     name = "ipex:paged-attn"
     description = "IPEX PagedAttention / IndirectAccessKVCache decode attention (adapter not written)"

@@ -61,22 +61,16 @@ def _libs():
 
 
 class _Api:
+    """ggml's C functions through ctypes: the FFN graph's here, others bound with fn() (attention)."""
+
     def __init__(self):
         import ctypes as C
-        libs = _libs()
-        self.libs = libs
-
-        def fn(name, res, *args):
-            for lib in libs.values():
-                f = getattr(lib, name, None)
-                if f is not None:
-                    f.restype, f.argtypes = res, list(args)
-                    return f
-            raise RuntimeError(f"ggml has no {name}")
+        self.libs = _libs()
 
         class InitParams(C.Structure):
             _fields_ = [("mem_size", C.c_size_t), ("mem_buffer", C.c_void_p), ("no_alloc", C.c_bool)]
         self.InitParams = InitParams
+        fn = self.fn
         P, I64 = C.c_void_p, C.c_int64
         self.init = fn("ggml_init", P, InitParams)
         self.free = fn("ggml_free", None, P)
@@ -98,6 +92,18 @@ class _Api:
             fn("ggml_cpu_init", None)()
         except RuntimeError:
             pass
+
+    def fn(self, name, res, *args):
+        """ggml's function `name` with its ctypes result and argument types (RuntimeError if absent)."""
+        for lib in self.libs.values():
+            f = getattr(lib, name, None)
+            if f is not None:
+                f.restype, f.argtypes = res, list(args)
+                return f
+        raise RuntimeError(f"ggml has no {name}")
+
+    def has(self, name: str) -> bool:
+        return any(getattr(lib, name, None) is not None for lib in self.libs.values())
 
 
 class LlamaCppPeer:
