@@ -264,6 +264,25 @@ def test_fig11_prefers_kt_and_never_ranks_wrong_rows():
     assert "best validated fp8 peer" in note and pts[0][3] == "torch:dequant" and pts[0][4] == 4.0
 
 
+def test_fig11_counts_llamacpp_q8_0_as_an_int8_peer():
+    import pandas as pd
+    from hinabench.report.figures import fig11_speedups, quant_points
+    rows = [
+        dict(op="ffn", model="m", tokens_per_expert=1, dtype="int8", backend="hina:avx2", status="ok", median_ms=10.0),
+        dict(op="ffn", model="m", tokens_per_expert=1, dtype="int8", backend="torch:dequant", status="ok", median_ms=90.0),
+        # llama.cpp quantizes the bf16 problem to Q8_0 itself: its row is a bf16 row
+        dict(op="ffn", model="m", tokens_per_expert=1, dtype="bf16", backend="llamacpp:q8_0", status="ok", median_ms=12.0),
+        dict(op="ffn", model="m", tokens_per_expert=1, dtype="int8", backend="llamacpp:q8_0", status="unsupported",
+             median_ms=None),
+        dict(op="ffn", model="m", tokens_per_expert=1, dtype="bf16", backend="hina:avx2", status="ok", median_ms=20.0),
+    ]
+    df = pd.DataFrame(rows)
+    assert set(quant_points(df)["backend"]) == {"hina:avx2", "torch:dequant", "llamacpp:q8_0"}
+    note, pts = fig11_speedups(df)["int8"]
+    assert "llamacpp:q8_0" in note and pts[0][3] == "llamacpp:q8_0" and pts[0][4] == 1.2
+    assert "fp8" not in fig11_speedups(df)
+
+
 def test_quant_targets_are_judged_and_missing_comparisons_are_na():
     from hinabench.report.targets import judge_quant
 

@@ -463,19 +463,36 @@ def fig1(results: list[str], out_dir: str | None = None, frame=None) -> list[Pat
     return _save(fig, "fig1", results, out_dir, caption, df)
 
 
+# Peers that quantize bf16 problems to 8-bit weights themselves (their rows' dtype is bf16): int8 peers
+# for Figure 11. llama.cpp's Q8_0 is 32 int8 weights + one fp16 scale per block, activations quantized
+# to Q8_0 for the dot products: W8A8 in its own scheme, about the same bytes as hina's int8 g128.
+INT8_OWN_SCHEME_PEERS = ("llamacpp:q8_0",)
+
+
 def quant_points(df):
-    """The FFN rows of quantized dtypes (Figure 11's)."""
+    """The FFN rows of quantized dtypes (Figure 11's), with the own-scheme int8 peers' rows."""
     df = ffn_points(df)
-    return df[df["dtype"].isin(["int8", "fp8"])] if "dtype" in df else df.iloc[0:0]
+    if "dtype" not in df:
+        return df.iloc[0:0]
+    return df[df["dtype"].isin(["int8", "fp8"]) | ((df["dtype"] == "bf16") & df["backend"].isin(INT8_OWN_SCHEME_PEERS))]
+
+
+def _quant_rows(df, dt: str):
+    """The ok rows that compete at quantized dtype `dt` (int8 takes the own-scheme peers' bf16 rows)."""
+    ok = df["status"] == "ok"
+    if dt == "int8":
+        return df[ok & ((df["dtype"] == dt) | df["backend"].isin(INT8_OWN_SCHEME_PEERS))]
+    return df[ok & (df["dtype"] == dt)]
 
 
 def fig11_speedups(df) -> dict:
     """{dtype: (peer-choice note, [(model, T, hina backend, peer backend, speedup, hina ms, peer ms)])}:
     hina over KTransformers where a kt row of the dtype ran (status ok), else over the fastest validated
-    (ok) peer of the point. Rows of other statuses are never ranked."""
+    (ok) peer of the point (for int8 also llama.cpp's Q8_0, INT8_OWN_SCHEME_PEERS). Rows of other statuses
+    are never ranked."""
     out = {}
     for dt in ("int8", "fp8"):
-        d = df[(df["dtype"] == dt) & (df["status"] == "ok")]
+        d = _quant_rows(df, dt)
         if d.empty:
             continue
         pts, peers_used = [], set()
