@@ -71,13 +71,20 @@ class IsaUnavailable(RuntimeError):
     """The requested ISA cannot run here (the CPU or the OS lacks it, or its module was not built)."""
 
 
+_LOADED: dict = {}   # compiled module name -> module (an import per call costs ~10 us)
+
+
 def _module(isa: str):
     from .native import NativeMissing, load
     name = ISAS_EMULATED.get(isa, "_C")
+    mod = _LOADED.get(name)
+    if mod is not None:
+        return mod
     try:
-        return load(name)
+        mod = _LOADED[name] = load(name)
     except NativeMissing as e:
         raise IsaUnavailable(f"isa '{isa}': {e}") from e
+    return mod
 
 
 def isa_status(isa: str) -> tuple[bool, str]:

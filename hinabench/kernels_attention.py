@@ -22,6 +22,8 @@ without an attention micro-kernel here (scalar and avx2 today).
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 
 import torch
@@ -42,6 +44,11 @@ def resolve_attention_isa(isa: str = "auto") -> str:
     import os
     if isa == "auto":
         isa = os.environ.get("HINA_ATTN_ISA", "").strip() or "auto"
+    return _resolve_attention(isa)
+
+
+@functools.lru_cache(maxsize=None)   # the CPU and the built modules do not change under a running process
+def _resolve_attention(isa: str) -> str:
     if isa == "auto":
         built = set(_module("scalar").attention_isas())
         for cand in ISAS_REAL:
@@ -83,14 +90,15 @@ def _attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_
     _bf16("v_cache", v_cache, 4)
     T, h_q, d = (int(s) for s in q.shape)
     B = int(kv_lens.shape[0])
+    ql, kl = q_lens.tolist(), kv_lens.tolist()     # checked as Python ints: a few torch ops cost more
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
     if block_table is None:
         Bc, h_kv, L, dk = (int(s) for s in k_cache.shape)
         if Bc < B:
             raise ValueError(f"the contiguous cache holds {Bc} sequences, the call has {B}")
-        if int(kv_lens.max()) > L:
-            raise ValueError(f"a sequence has {int(kv_lens.max())} keys, the contiguous cache holds {L}")
+        if max(kl) > L:
+            raise ValueError(f"a sequence has {max(kl)} keys, the contiguous cache holds {L}")
         ks, vs = ((t.stride(0), t.stride(2), t.stride(1), 0) for t in (k_cache, v_cache))
         bt_ptr, bt_stride, block_size, num_blocks = 0, 0, 0, 0
     else:
@@ -122,20 +130,19 @@ def _attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_
     if d % HEAD_DIM_MULTIPLE or d > HEAD_DIM_MAX or d < 1:
         raise ValueError(f"head_dim {d} is not supported (multiples of {HEAD_DIM_MULTIPLE} up to {HEAD_DIM_MAX}; "
                          "DeepSeek's MLA latent, 576, is not)")
-    if int(q_lens.min()) < 1:
+    if min(ql) < 1:
         raise ValueError("every sequence needs at least one query token")
-    if int(kv_lens.min()) < 1 or bool((kv_lens < q_lens).any()):
+    if min(kl) < 1 or any(k < n for k, n in zip(kl, ql)):
         raise ValueError("a sequence has no keys to attend to (l = 0), or fewer keys than query tokens")
-    if int(q_lens.sum()) != T:
-        raise ValueError(f"q has {T} tokens, the lengths say {int(q_lens.sum())}")
+    if sum(ql) != T:
+        raise ValueError(f"q has {T} tokens, the lengths say {sum(ql)}")
     isa = resolve_attention_isa(isa)
     threads = torch.get_num_threads() if threads is None else int(threads)
     if threads < 1:
         raise ValueError(f"threads must be >= 1 (got {threads})")
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    q_start = torch.zeros(B + 1, dtype=torch.int32)
-    q_start[1:] = torch.cumsum(q_lens, 0).to(torch.int32)
-    kv32 = kv_lens.to(torch.int32).contiguous()
+    q_start = torch.tensor([0, *itertools.accumulate(ql)], dtype=torch.int32)
+    kv32 = torch.tensor(kl, dtype=torch.int32)
     out = torch.empty(T, h_q, d, dtype=torch.bfloat16)
     _module(isa).attention(q=q.data_ptr(), q_ts=q.stride(0), q_hs=q.stride(1), out=out.data_ptr(),
                            o_ts=out.stride(0), o_hs=out.stride(1), k=k_cache.data_ptr(), v=v_cache.data_ptr(),
