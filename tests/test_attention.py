@@ -118,8 +118,13 @@ def test_batch_one_decode_is_split_over_the_kv_sequence_and_merged():
     assert sched["splits"] > 1 and sched["tasks"] >= 8, sched
     check(d, out, "batch 1 split")
     one = call(d, threads=2, kv_splits=1)
-    assert kernels.attention_last_schedule("avx2")["tasks"] == 4
+    # the paged cache is token-major ([blocks, block_size, h_kv, d]): one task takes every KV head
+    assert kernels.attention_last_schedule("avx2")["tasks"] == 1
     check(d, one, "batch 1 unsplit")
+    # a head-major cache (HF's contiguous [B, h_kv, L, d]) takes one task per KV head
+    c = AttentionProblem.create("qwen3-30b-a3b", "decode", 1, 4096, layout="contiguous").materialize(rotate=False)
+    check(c, call(c, threads=2, kv_splits=1), "contiguous unsplit")
+    assert kernels.attention_last_schedule("avx2")["tasks"] == 4
 
 
 @pytest.mark.parametrize("isa", FAST)

@@ -50,9 +50,12 @@ AttnSchedule g_last;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLog2e = 1.4426950408889634f;
 
-// One unit of work: query rows [t0 * G, (t0 + nt) * G) of KV head h of sequence b, keys [k0, k1).
+// One unit of work: query rows [t0 * G, (t0 + nt) * G) of KV heads [h, h + nh) of sequence b, keys
+// [k0, k1). A head-major cache (each head's rows dense) takes one head per task; a token-major one
+// ([.., tok, h_kv, d]: a token's heads side by side) takes every head, so a chunk's K and V are read as
+// whole token records, in address order, and staged head by head (see run_task).
 struct Task {
-  int b, h, t0, nt;
+  int b, h, nh, t0, nt;
   int k0, k1;
   int64_t part;   // index of this task's partial slot (splits > 1), else -1
 };
@@ -101,31 +104,39 @@ inline const bf16_t* key_at(const AttnCall& c, const bf16_t* base, int64_t seq, 
   return base + int64_t(b) * seq + int64_t(j) * tok + int64_t(h) * head;
 }
 
-// One task: pack the query block, walk its keys chunk by chunk, one online softmax throughout.
+// Per-head state of a task lives at head index hh: packed queries at qp + hh * qstride, O at
+// O + hh * rows * d, m and l at hh * rows. Task row r of head hh is query token t0 + r / G, q head
+// (h + hh) * G + r % G.
+inline int64_t q_stride(int rows, int d) { return int64_t(rows + 16) * (d + 32) + 64; }  // every kernel's layout, with headroom
+
+// One task: pack the query blocks, walk its keys chunk by chunk, one online softmax per head throughout.
 // Writes the normalised output (bf16) directly, or (split tasks) the normalised fp32 rows and their
-// LSE (log2 units) to the partial slot.
+// LSE (log2 units) to the partial slot (head-major: head hh's rows at hh * rows).
 void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scratch& s,
               float* part_o, float* part_lse) {
   const int G = c.h_q / c.h_kv, d = c.d, rows = t.nt * G;
   const int KC = mk.blocking.chunk_keys;
   const int n_b = c.q_start[t.b + 1] - c.q_start[t.b];
   const int first_pos = c.kv_len[t.b] - n_b;   // position of query token 0
+  const int64_t qs = q_stride(rows, d);
   std::vector<const bf16_t*> qrows(rows);
-  for (int r = 0; r < rows; ++r) {
-    const int tok = c.q_start[t.b] + t.t0 + r / G, head = t.h * G + r % G;
-    qrows[r] = c.q + int64_t(tok) * c.q_ts + int64_t(head) * c.q_hs;
-    s.limit[r] = first_pos + t.t0 + r / G;      // the last key this row may see
+  for (int hh = 0; hh < t.nh; ++hh) {
+    for (int r = 0; r < rows; ++r) {
+      const int tok = c.q_start[t.b] + t.t0 + r / G, head = (t.h + hh) * G + r % G;
+      qrows[r] = c.q + int64_t(tok) * c.q_ts + int64_t(head) * c.q_hs;
+    }
+    mk.pack_q(qrows.data(), rows, d, c.sm_scale * kLog2e, s.qp.data() + hh * qs);
   }
-  mk.pack_q(qrows.data(), rows, d, c.sm_scale * kLog2e, s.qp.data());
-  std::fill(s.O.begin(), s.O.begin() + int64_t(rows) * d, 0.f);
-  std::fill(s.m.begin(), s.m.begin() + rows, kNegInf);
-  std::fill(s.l.begin(), s.l.begin() + rows, 0.f);
+  for (int r = 0; r < rows; ++r) s.limit[r] = first_pos + t.t0 + r / G;      // the last key this row may see
+  std::fill(s.O.begin(), s.O.begin() + int64_t(t.nh) * rows * d, 0.f);
+  std::fill(s.m.begin(), s.m.begin() + int64_t(t.nh) * rows, kNegInf);
+  std::fill(s.l.begin(), s.l.begin() + int64_t(t.nh) * rows, 0.f);
   const int min_limit = s.limit[0];
-  // a chunk's key and value rows, walked block by block (no division per key)
-  auto rows_of = [&](int j0, int nk, const bf16_t** kp, const bf16_t** vp) {
+  // a chunk's key and value rows of head h, walked block by block (no division per key)
+  auto rows_of = [&](int h, int j0, int nk, const bf16_t** kp, const bf16_t** vp) {
     for (int j = 0; j < nk;) {
-      const bf16_t* kb = key_at(c, c.k, c.k_seq, c.k_tok, c.k_head, c.k_blk, t.b, t.h, j0 + j);
-      const bf16_t* vb = key_at(c, c.v, c.v_seq, c.v_tok, c.v_head, c.v_blk, t.b, t.h, j0 + j);
+      const bf16_t* kb = key_at(c, c.k, c.k_seq, c.k_tok, c.k_head, c.k_blk, t.b, h, j0 + j);
+      const bf16_t* vb = key_at(c, c.v, c.v_seq, c.v_tok, c.v_head, c.v_blk, t.b, h, j0 + j);
       const int run = c.block_table ? std::min(nk - j, c.block_size - (j0 + j) % c.block_size) : nk - j;
       for (int i = 0; i < run; ++i, ++j) {
         kp[j] = kb + int64_t(i) * c.k_tok;
@@ -137,63 +148,75 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
   // A token stride other than d (the [num_blocks, block_size, h_kv, d] paged layout: rows h_kv * d
   // apart, 1 KiB for Qwen3) puts a chunk's rows into a few L1 sets: V, read once per 4-row block, and
   // K were evicted between uses (measured 3x slower than the same keys head-major). Those rows are
-  // copied into dense per-thread buffers once per chunk instead.
+  // copied into dense per-thread buffers once per chunk instead, head-major; a task of every head
+  // reads each token's heads in one pass (the token record, h_kv * d contiguous when k_head == d).
   const bool stage_k = c.k_tok != d, stage_v = c.v_tok != d;
-  if (t.k0 < t.k1) rows_of(t.k0, std::min(KC, t.k1 - t.k0), s.kp.data(), s.vp.data());
+  const int64_t stage_head = int64_t(KC) * d;   // staged rows of one head
   for (int j0 = t.k0; j0 < t.k1; j0 += KC) {
     const int nk = std::min(KC, t.k1 - j0);
-    // the next chunk's rows, prefetched while this one is computed (a paged cache jumps between blocks)
+    // the next chunk's rows (first head's; a token record is contiguous), prefetched while this one is computed
     const int nn = std::min(KC, t.k1 - j0 - KC);
     if (nn > 0) {
-      rows_of(j0 + KC, nn, s.kn.data(), s.vn.data());
+      rows_of(t.h, j0 + KC, nn, s.kn.data(), s.vn.data());
+      const int rec_bytes = stage_k && c.k_head == d ? t.nh * row_bytes : row_bytes;
       for (int j = 0; j < nn; ++j)
-        for (int off = 0; off < row_bytes; off += 64) {
+        for (int off = 0; off < rec_bytes; off += 64) {
           __builtin_prefetch(reinterpret_cast<const char*>(s.kn[j]) + off);
           __builtin_prefetch(reinterpret_cast<const char*>(s.vn[j]) + off);
         }
     }
-    if (stage_k || stage_v) {   // rows of a strided cache: copied once into dense L1 buffers (see Scratch)
-      for (int j = 0; j < nk; ++j) {
-        if (stage_k) {
-          std::memcpy(s.kbuf.data() + int64_t(j) * d, s.kp[j], size_t(row_bytes));
-          s.ks[j] = s.kbuf.data() + int64_t(j) * d;
+    if (stage_k || stage_v) {   // rows of a strided cache: copied once into dense buffers (see above),
+      rows_of(t.h, j0, nk, s.kp.data(), s.vp.data());   // token by token: in address order
+      for (int j = 0; j < nk; ++j)
+        for (int hh = 0; hh < t.nh; ++hh) {
+          if (stage_k)
+            std::memcpy(s.kbuf.data() + hh * stage_head + int64_t(j) * d, s.kp[j] + int64_t(hh) * c.k_head,
+                        size_t(row_bytes));
+          if (stage_v)
+            std::memcpy(s.vbuf.data() + hh * stage_head + int64_t(j) * d, s.vp[j] + int64_t(hh) * c.v_head,
+                        size_t(row_bytes));
         }
-        if (stage_v) {
-          std::memcpy(s.vbuf.data() + int64_t(j) * d, s.vp[j], size_t(row_bytes));
-          s.vs[j] = s.vbuf.data() + int64_t(j) * d;
+    }
+    for (int hh = 0; hh < t.nh; ++hh) {
+      const bf16_t* const* krows = s.kp.data();
+      const bf16_t* const* vrows = s.vp.data();
+      if (!(stage_k && stage_v)) rows_of(t.h + hh, j0, nk, s.kp.data(), s.vp.data());
+      if (stage_k) {
+        for (int j = 0; j < nk; ++j) s.ks[j] = s.kbuf.data() + hh * stage_head + int64_t(j) * d;
+        krows = s.ks.data();
+      }
+      if (stage_v) {
+        for (int j = 0; j < nk; ++j) s.vs[j] = s.vbuf.data() + hh * stage_head + int64_t(j) * d;
+        vrows = s.vs.data();
+      }
+      float* O = s.O.data() + int64_t(hh) * rows * d;
+      mk.scores(s.qp.data() + hh * qs, rows, d, krows, nk, s.S.data(), KC);
+      if (j0 + nk - 1 > min_limit) {               // the causal triangle reaches into this chunk
+        for (int r = 0; r < rows; ++r) {
+          const int first_masked = std::max(0, s.limit[r] + 1 - j0);
+          float* Sr = s.S.data() + int64_t(r) * KC;
+          for (int j = first_masked; j < nk; ++j) Sr[j] = kNegInf;
         }
       }
+      mk.softmax_step(s.S.data(), KC, rows, nk, s.m.data() + hh * rows, s.l.data() + hh * rows, O, d);
+      mk.pv(s.S.data(), KC, rows, vrows, nk, d, O);
     }
-    const bf16_t* const* krows = stage_k ? s.ks.data() : s.kp.data();
-    const bf16_t* const* vrows = stage_v ? s.vs.data() : s.vp.data();
-    mk.scores(s.qp.data(), rows, d, krows, nk, s.S.data(), KC);
-    if (j0 + nk - 1 > min_limit) {               // the causal triangle reaches into this chunk
-      for (int r = 0; r < rows; ++r) {
-        const int first_masked = std::max(0, s.limit[r] + 1 - j0);
-        float* Sr = s.S.data() + int64_t(r) * KC;
-        for (int j = first_masked; j < nk; ++j) Sr[j] = kNegInf;
+  }
+  for (int hh = 0; hh < t.nh; ++hh)
+    for (int r = 0; r < rows; ++r) {
+      const int i = hh * rows + r;
+      const float l = s.l[i];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      if (part_o) {
+        mk.unpack_o(s.O.data() + int64_t(i) * d, d, inv, part_o + int64_t(i) * d);
+        part_lse[i] = l > 0.f ? s.m[i] + std::log2(l) : kNegInf;
+      } else {
+        mk.unpack_o(s.O.data() + int64_t(i) * d, d, inv, s.row.data());
+        const int tok = c.q_start[t.b] + t.t0 + r / G, head = (t.h + hh) * G + r % G;
+        bf16_t* o = c.out + int64_t(tok) * c.o_ts + int64_t(head) * c.o_hs;
+        for (int k = 0; k < d; ++k) o[k] = f32_to_bf16(s.row[k]);
       }
     }
-    mk.softmax_step(s.S.data(), KC, rows, nk, s.m.data(), s.l.data(), s.O.data(), d);
-    mk.pv(s.S.data(), KC, rows, vrows, nk, d, s.O.data());
-    if (nn > 0) {
-      std::swap(s.kp, s.kn);
-      std::swap(s.vp, s.vn);
-    }
-  }
-  for (int r = 0; r < rows; ++r) {
-    const float l = s.l[r];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    if (part_o) {
-      mk.unpack_o(s.O.data() + int64_t(r) * d, d, inv, part_o + int64_t(r) * d);
-      part_lse[r] = l > 0.f ? s.m[r] + std::log2(l) : kNegInf;
-    } else {
-      mk.unpack_o(s.O.data() + int64_t(r) * d, d, inv, s.row.data());
-      const int tok = c.q_start[t.b] + t.t0 + r / G, head = t.h * G + r % G;
-      bf16_t* o = c.out + int64_t(tok) * c.o_ts + int64_t(head) * c.o_hs;
-      for (int i = 0; i < d; ++i) o[i] = f32_to_bf16(s.row[i]);
-    }
-  }
 }
 
 }  // namespace
@@ -207,20 +230,23 @@ void attention(const AttnCall& c) {
   const int threads = std::max(1, c.threads);
   const int KC = mk.blocking.chunk_keys;
   const int tok_per_block = std::max(1, mk.blocking.block_rows / G);
-  const int max_rows = tok_per_block * G;
 
-  // ---- tasks before splitting: (sequence, KV head, query block), the heads of a sequence adjacent
+  // ---- tasks before splitting: (sequence, KV head or every head, query block), a sequence's adjacent.
+  // Every head per task where the cache is token-major (heads side by side in a token's record, as
+  // SGLang's and vLLM's [num_blocks, block_size, h_kv, d]): the staging copy then reads whole records.
+  const bool token_major = (c.k_tok != d && c.k_head == d) || (c.v_tok != d && c.v_head == d);
+  const int nh = token_major ? c.h_kv : 1;
+  const int max_rows = tok_per_block * G;       // query rows of one head in a task
+  const int max_slot = nh * max_rows;           // rows of a task's partial slot (every head)
   struct Base { int b, h, t0, nt, keys; };
   std::vector<Base> base;
-  int64_t total_keys = 0;
   for (int b = 0; b < c.B; ++b) {
     const int n_b = c.q_start[b + 1] - c.q_start[b];
-    for (int h = 0; h < c.h_kv; ++h)
+    for (int h = 0; h < c.h_kv; h += nh)
       for (int t0 = 0; t0 < n_b; t0 += tok_per_block) {
         const int nt = std::min(tok_per_block, n_b - t0);
         const int keys = c.kv_len[b] - n_b + t0 + nt;   // the block's last row sees this many keys
         base.push_back({b, h, t0, nt, keys});
-        total_keys += keys;
       }
   }
   // ---- KV splits: enough tasks for every thread (x4 for balance), no split under 4 chunks of keys
@@ -242,22 +268,22 @@ void attention(const AttnCall& c) {
     for (int s = 0; s < sp; ++s) {
       const int k0 = s * per * KC, k1 = std::min(bt.keys, (s + 1) * per * KC);
       if (k0 >= k1) { nsplit[i] = s; break; }
-      tasks.push_back({bt.b, bt.h, bt.t0, bt.nt, k0, k1, sp > 1 ? nparts + s : -1});
+      tasks.push_back({bt.b, bt.h, nh, bt.t0, bt.nt, k0, k1, sp > 1 ? nparts + s : -1});
     }
     if (sp > 1) { first[i] = nparts; nparts += sp; }
   }
   g_last = {int64_t(tasks.size()), splits, max_rows};
-  std::vector<float> part_o(size_t(nparts) * max_rows * d), part_lse(size_t(nparts) * max_rows);
+  std::vector<float> part_o(size_t(nparts) * max_slot * d), part_lse(size_t(nparts) * max_slot);
 
   FirstError err;
 #pragma omp parallel num_threads(threads)
   {
     Scratch s;
-    s.qp.resize(size_t(max_rows + 16) * (d + 32) + 64);   // every kernel's packed layout, with headroom
-    s.O.resize(size_t(max_rows) * d);
+    s.qp.resize(size_t(nh) * q_stride(max_rows, d));
+    s.O.resize(size_t(max_slot) * d);
     s.S.resize(size_t(max_rows) * KC);
-    s.m.resize(max_rows);
-    s.l.resize(max_rows);
+    s.m.resize(max_slot);
+    s.l.resize(max_slot);
     s.row.resize(d);
     s.kp.resize(KC);
     s.vp.resize(KC);
@@ -265,15 +291,15 @@ void attention(const AttnCall& c) {
     s.vn.resize(KC);
     s.ks.resize(KC);
     s.vs.resize(KC);
-    s.kbuf.resize(size_t(KC) * d);
-    s.vbuf.resize(size_t(KC) * d);
+    s.kbuf.resize(size_t(nh) * KC * d);
+    s.vbuf.resize(size_t(nh) * KC * d);
     s.limit.resize(max_rows);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < int64_t(tasks.size()); ++i) {
       err.guard([&] {
         const Task& t = tasks[i];
-        float* po = t.part >= 0 ? part_o.data() + size_t(t.part) * max_rows * d : nullptr;
-        float* pl = t.part >= 0 ? part_lse.data() + size_t(t.part) * max_rows : nullptr;
+        float* po = t.part >= 0 ? part_o.data() + size_t(t.part) * max_slot * d : nullptr;
+        float* pl = t.part >= 0 ? part_lse.data() + size_t(t.part) * max_slot : nullptr;
         run_task(c, mk, t, s, po, pl);
       });
     }
@@ -284,21 +310,22 @@ void attention(const AttnCall& c) {
         if (first[i] < 0) continue;
         const Base& bt = base[i];
         const int rows = bt.nt * G, sp = nsplit[i];
-        for (int r = 0; r < rows; ++r) {
+        for (int hr = 0; hr < nh * rows; ++hr) {
+          const int hh = hr / rows, r = hr % rows;
           float mx = kNegInf;
-          for (int q = 0; q < sp; ++q) mx = std::max(mx, part_lse[size_t(first[i] + q) * max_rows + r]);
+          for (int q = 0; q < sp; ++q) mx = std::max(mx, part_lse[size_t(first[i] + q) * max_slot + hr]);
           std::fill(s.row.begin(), s.row.end(), 0.f);
           float wsum = 0.f;
           for (int q = 0; q < sp; ++q) {
-            const float lse = part_lse[size_t(first[i] + q) * max_rows + r];
+            const float lse = part_lse[size_t(first[i] + q) * max_slot + hr];
             if (lse == kNegInf) continue;
             const float w = std::exp2(lse - mx);
             wsum += w;
-            const float* po = part_o.data() + (size_t(first[i] + q) * max_rows + r) * d;
+            const float* po = part_o.data() + (size_t(first[i] + q) * max_slot + hr) * d;
             for (int k = 0; k < d; ++k) s.row[k] += w * po[k];
           }
           const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-          const int tok = c.q_start[bt.b] + bt.t0 + r / G, head = bt.h * G + r % G;
+          const int tok = c.q_start[bt.b] + bt.t0 + r / G, head = (bt.h + hh) * G + r % G;
           bf16_t* o = c.out + int64_t(tok) * c.o_ts + int64_t(head) * c.o_hs;
           for (int k = 0; k < d; ++k) o[k] = f32_to_bf16(s.row[k] * inv);
         }

@@ -6,7 +6,8 @@
 // rectangle over the cached prefix plus a causal triangle over the new tokens, in one online softmax.
 //
 // Division of labour, as for the FFN (microkernel.h): the driver (ops/attention.cpp) builds tasks per
-// (sequence, KV head, query block, KV split), walks the keys in chunks through the framework's KV
+// (sequence, KV head, query block, KV split) -- every KV head in one task where the cache is
+// token-major (a token's heads side by side), so its records are staged in address order -- walks the keys in chunks through the framework's KV
 // layout (contiguous or paged via the block table: nothing is copied or repacked), applies the causal
 // mask, and merges the splits by their log-sum-exp. The micro-kernel (isa/<isa>/attention_<isa>.cpp)
 // does what the instructions force: the query block transformed once into its layout ("transform the
