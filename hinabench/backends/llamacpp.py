@@ -102,6 +102,37 @@ class _Api:
                 return f
         raise RuntimeError(f"ggml has no {name}")
 
+    def run_graph(self, ctx, graph, threads: int) -> int:
+        """Compute `graph` on `threads` threads with a work buffer planned once per graph and kept here.
+        (ggml_graph_compute_with_ctx would allocate a fresh work buffer in the context on every call:
+        a timed loop of thousands of calls runs the context's pool dry.)"""
+        import ctypes as C
+        plans = self.__dict__.setdefault("_plans", {})
+        key = (graph, threads)
+        if key not in plans:
+            if not self.has("ggml_graph_plan"):
+                return self.compute(ctx, graph, threads)
+            if not hasattr(self, "_plan_fn"):
+                class CPlan(C.Structure):   # ggml-cpu.h's struct ggml_cplan
+                    _fields_ = [("work_size", C.c_size_t), ("work_data", C.c_void_p), ("n_threads", C.c_int),
+                                ("threadpool", C.c_void_p), ("abort_callback", C.c_void_p),
+                                ("abort_callback_data", C.c_void_p), ("use_ref", C.c_bool)]
+                self._plan_fn = self.fn("ggml_graph_plan", CPlan, C.c_void_p, C.c_int, C.c_void_p)
+                self._graph_compute = self.fn("ggml_graph_compute", C.c_int, C.c_void_p, C.POINTER(CPlan))
+            plan = self._plan_fn(graph, threads, None)
+            buf = C.create_string_buffer(max(1, int(plan.work_size)) + 64)
+            plan.work_data = C.addressof(buf)
+            plans[key] = (plan, buf)
+        plan, _ = plans[key]
+        return self._graph_compute(graph, C.byref(plan))
+
+    def overhead(self, tensors: int, graphs: int) -> int:
+        """Bytes a context needs beyond tensor data: `tensors` tensor objects and `graphs` default graphs."""
+        import ctypes as C
+        t = self.fn("ggml_tensor_overhead", C.c_size_t)()
+        g = self.fn("ggml_graph_overhead", C.c_size_t)()
+        return tensors * (t + 64) + graphs * g
+
     def has(self, name: str) -> bool:
         return any(getattr(lib, name, None) is not None for lib in self.libs.values())
 
@@ -125,7 +156,7 @@ class LlamaCppPeer:
         wt = GGML_TYPE[self.variant]
         wbytes = E * (2 * I * api.row_size(wt, H) + H * api.row_size(wt, I))
         act = 4 * T * (H + 4 * A * I + 3 * A * H) * G
-        mem = wbytes + act + (64 << 20)
+        mem = wbytes + act + api.overhead(6 + G * (8 + 2 * A), G) + (64 << 20)
         self.ctx = api.init(api.InitParams(mem, None, False))
         if not self.ctx:
             raise MemoryError(f"ggml_init could not allocate {mem} bytes")
@@ -187,7 +218,7 @@ class LlamaCppPeer:
     def run(self, group: int):
         import ctypes
         import torch
-        rc = self.api.compute(self.ctx, self.graphs[group], self.threads)
+        rc = self.api.run_graph(self.ctx, self.graphs[group], self.threads)
         if rc != 0:
             raise RuntimeError(f"ggml_graph_compute_with_ctx returned status {rc}")
         out = torch.empty(self.T, self.H, dtype=torch.float32)

@@ -63,7 +63,9 @@ class LlamaCppAttnPeer:
         G = data.groups
         kv_bytes = 2 * G * B * L * h_kv * d * 2
         q_bytes, m_bytes = B * n * h_q * d * 4, B * n * L * 2
-        mem = kv_bytes + G * (q_bytes + m_bytes + B * n * h_q * d * 4) + (64 << 20)
+        # tensor data, plus per group 5 tensor objects (K, V, their permuted views, the result) and a graph
+        mem = (kv_bytes + q_bytes + m_bytes + G * B * n * h_q * d * 4 + api.overhead(3 + 6 * G, G)
+               + (64 << 20))
         self.ctx = api.init(api.InitParams(mem, None, False))
         if not self.ctx:
             raise MemoryError(f"ggml_init could not allocate {mem} bytes")
@@ -102,7 +104,7 @@ class LlamaCppAttnPeer:
     def run(self, group: int):
         import ctypes
         import torch
-        rc = self.api.compute(self.ctx, self.graphs[group], self.threads)
+        rc = self.api.run_graph(self.ctx, self.graphs[group], self.threads)
         if rc != 0:
             raise RuntimeError(f"ggml_graph_compute_with_ctx returned status {rc}")
         out = torch.empty(*self.shape, dtype=torch.float32)
