@@ -234,7 +234,8 @@ def _fig16(c):
 def _attn(c):
     if "attention" in c.kinds and "attn" in c.figures and "attn" in SUITES:
         return Assessment(MEASURED, "decode (paged and contiguous KV) and extend attention, hina against "
-                                    "torch's SDPA and vLLM-CPU's own op, against the KV-bytes roofline",
+                                    "torch's SDPA, vLLM-CPU's own op and llama.cpp's flash attention, against the "
+                                    "KV-bytes roofline",
                           ("attn", "attn-extend"), "attn")
     return Assessment(NOT_HERE, "hinabench has no attention kernel yet (issue 14)")
 
