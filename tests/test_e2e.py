@@ -141,6 +141,23 @@ def test_per_layer_cost_from_two_depths():
     assert "no attention kernel" in ab["+m+a"]["why"]
 
 
+def test_gguf_refuses_a_disk_without_room(monkeypatch, tmp_path):
+    import shutil
+    from collections import namedtuple
+    from hinabench.e2e.gguf_writer import write_gguf
+    from hinabench.errors import UserError
+    pytest.importorskip("gguf")
+    ck = C.checkpoint("tiny-qwen3", 1)
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1 << 40, 1 << 40, 1 << 20))
+    path = ck.path / "model-q8_0.gguf"
+    if path.exists():
+        pytest.skip("the tiny checkpoint's GGUF is already written")
+    with pytest.raises(UserError, match="GiB of disk"):
+        write_gguf(ck, "q8_0")
+    assert not path.exists() and not (ck.path / "model-q8_0.gguf.partial").exists()
+
+
 @pytest.mark.parametrize("qtype", ["bf16", "q8_0"])
 def test_gguf_of_the_same_weights(qtype):
     gguf = pytest.importorskip("gguf")

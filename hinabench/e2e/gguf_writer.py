@@ -35,6 +35,12 @@ def write_gguf(ck, qtype: str = "bf16", echo=None) -> Path:
     path = Path(ck.path) / f"model-{qtype}.gguf"
     if path.exists():
         return path
+    import shutil
+    need = int(ck.bytes * (34 / 64 if qtype == "q8_0" else 1.0)) + (256 << 20)   # the checkpoint is bf16
+    free = shutil.disk_usage(ck.path).free
+    if need > free:
+        raise UserError(f"writing {path.name} needs ~{need / 2**30:.1f} GiB of disk, {free / 2**30:.1f} GiB free "
+                        f"under {ck.path}: free some (other checkpoints' model-*.gguf are rebuilt on demand)")
     cfg = ck.config
     mt = cfg["model_type"]
     arch = ARCH[mt]
@@ -126,9 +132,13 @@ def write_gguf(ck, qtype: str = "bf16", echo=None) -> Path:
             for which in ("gate", "up", "down"):
                 put(f"{b}.ffn_{which}_shexp.weight", get(f"{m}.shared_expert.{which}_proj.weight"))
             put(f"{b}.ffn_gate_inp_shexp.weight", get(f"{m}.shared_expert_gate.weight")[0])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    except OSError as e:          # a full disk, mostly: no half-written file is left to look like a GGUF
+        Path(str(path) + ".partial").unlink(missing_ok=True)
+        raise UserError(f"could not write {path.name}: {e}") from e
     Path(str(path) + ".partial").rename(path)
     return path

@@ -260,7 +260,12 @@ def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str) -> list[dict]:
     rows = {p: _base(p, engine, cfg, ck) for p in problems}
     if engine.startswith("llamacpp:"):
         from .gguf_writer import write_gguf
-        req["gguf"] = str(write_gguf(ck, engine.split(":", 1)[1], echo=echo))
+        try:
+            req["gguf"] = str(write_gguf(ck, engine.split(":", 1)[1], echo=echo))
+        except UserError as e:    # no GGUF (a full disk): this engine's rows say why, the others go on
+            for r in rows.values():
+                r.update(status="failed", reason=f"{engine}: {e}")
+            return list(rows.values())
     with tempfile.TemporaryDirectory() as td:
         rq, rs = Path(td) / "req.json", Path(td) / "res.json"
         rq.write_text(json.dumps(req))
