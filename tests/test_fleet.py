@@ -183,7 +183,13 @@ def test_fleet_interrupted_then_status_lists_hosts_fingerprints_and_progress(clu
     b = res / "fleet-b" / "tiny-b.csv"
     p = fleet(cluster, tmp_path, "run", suite(tmp_path), "--hosts", "b", popen=True)
     t0 = time.monotonic()
-    while data_lines(b) < 1:
+    def counted():   # the driver's own count (its status file), written just after the row: wait for both
+        try:
+            st = json.loads((res / ".fleet" / "tiny.json").read_text())
+            return st["hosts"]["b"]["measured"]
+        except (OSError, ValueError, KeyError):
+            return 0
+    while data_lines(b) < 1 or counted() < 1:
         assert p.poll() is None, p.communicate()
         assert time.monotonic() - t0 < 240, "host b never streamed a row"
         time.sleep(0.05)
