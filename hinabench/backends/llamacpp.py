@@ -92,6 +92,16 @@ class _Api:
             fn("ggml_cpu_init", None)()
         except RuntimeError:
             pass
+        # run_graph: a plan and work buffer per (graph, threads); None where this ggml has no ggml_graph_plan
+        self._plans: dict = {}
+        self._plan_fn = self._graph_compute = None
+        if self.has("ggml_graph_plan"):
+            class CPlan(C.Structure):   # ggml-cpu.h's struct ggml_cplan
+                _fields_ = [("work_size", C.c_size_t), ("work_data", C.c_void_p), ("n_threads", C.c_int),
+                            ("threadpool", C.c_void_p), ("abort_callback", C.c_void_p),
+                            ("abort_callback_data", C.c_void_p), ("use_ref", C.c_bool)]
+            self._plan_fn = fn("ggml_graph_plan", CPlan, P, C.c_int, P)
+            self._graph_compute = fn("ggml_graph_compute", C.c_int, P, C.POINTER(CPlan))
 
     def fn(self, name, res, *args):
         """ggml's function `name` with its ctypes result and argument types (RuntimeError if absent)."""
@@ -107,23 +117,15 @@ class _Api:
         (ggml_graph_compute_with_ctx would allocate a fresh work buffer in the context on every call:
         a timed loop of thousands of calls runs the context's pool dry.)"""
         import ctypes as C
-        plans = self.__dict__.setdefault("_plans", {})
+        if self._plan_fn is None:
+            return self.compute(ctx, graph, threads)
         key = (graph, threads)
-        if key not in plans:
-            if not self.has("ggml_graph_plan"):
-                return self.compute(ctx, graph, threads)
-            if not hasattr(self, "_plan_fn"):
-                class CPlan(C.Structure):   # ggml-cpu.h's struct ggml_cplan
-                    _fields_ = [("work_size", C.c_size_t), ("work_data", C.c_void_p), ("n_threads", C.c_int),
-                                ("threadpool", C.c_void_p), ("abort_callback", C.c_void_p),
-                                ("abort_callback_data", C.c_void_p), ("use_ref", C.c_bool)]
-                self._plan_fn = self.fn("ggml_graph_plan", CPlan, C.c_void_p, C.c_int, C.c_void_p)
-                self._graph_compute = self.fn("ggml_graph_compute", C.c_int, C.c_void_p, C.POINTER(CPlan))
+        if key not in self._plans:
             plan = self._plan_fn(graph, threads, None)
             buf = C.create_string_buffer(max(1, int(plan.work_size)) + 64)
             plan.work_data = C.addressof(buf)
-            plans[key] = (plan, buf)
-        plan, _ = plans[key]
+            self._plans[key] = (plan, buf)
+        plan, _ = self._plans[key]
         return self._graph_compute(graph, C.byref(plan))
 
     def overhead(self, tensors: int, graphs: int) -> int:
