@@ -10,6 +10,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernel_table.h"  // find_usable, isa_names
@@ -152,6 +153,9 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
   // reads each token's heads in one pass (the token record, h_kv * d contiguous when k_head == d).
   const bool stage_k = c.k_tok != d, stage_v = c.v_tok != d;
   const int64_t stage_head = int64_t(KC) * d;   // staged rows of one head
+  // s.kp / s.vp: this chunk's rows of head t.h, found once: the first chunk's here, every later one's
+  // as the previous chunk's "next" rows (the two buffers swap at the end of a chunk)
+  if (t.k0 < t.k1) rows_of(t.h, t.k0, std::min(KC, t.k1 - t.k0), s.kp.data(), s.vp.data());
   for (int j0 = t.k0; j0 < t.k1; j0 += KC) {
     const int nk = std::min(KC, t.k1 - j0);
     // the next chunk's rows (first head's; a token record is contiguous), prefetched while this one is computed
@@ -166,7 +170,7 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
         }
     }
     if (stage_k || stage_v) {   // rows of a strided cache: copied once into dense buffers (see above),
-      rows_of(t.h, j0, nk, s.kp.data(), s.vp.data());   // token by token: in address order
+                                // token by token: in address order
       for (int j = 0; j < nk; ++j)
         for (int hh = 0; hh < t.nh; ++hh) {
           if (stage_k)
@@ -180,7 +184,7 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
     for (int hh = 0; hh < t.nh; ++hh) {
       const bf16_t* const* krows = s.kp.data();
       const bf16_t* const* vrows = s.vp.data();
-      if (!(stage_k && stage_v)) rows_of(t.h + hh, j0, nk, s.kp.data(), s.vp.data());
+      if (hh > 0 && !(stage_k && stage_v)) rows_of(t.h + hh, j0, nk, s.kp.data(), s.vp.data());
       if (stage_k) {
         for (int j = 0; j < nk; ++j) s.ks[j] = s.kbuf.data() + hh * stage_head + int64_t(j) * d;
         krows = s.ks.data();
@@ -201,6 +205,8 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
       mk.softmax_step(s.S.data(), KC, rows, nk, s.m.data() + hh * rows, s.l.data() + hh * rows, O, d);
       mk.pv(s.S.data(), KC, rows, vrows, nk, d, O);
     }
+    std::swap(s.kp, s.kn);   // the next chunk's rows of head t.h become this chunk's
+    std::swap(s.vp, s.vn);
   }
   for (int hh = 0; hh < t.nh; ++hh)
     for (int r = 0; r < rows; ++r) {
