@@ -51,6 +51,23 @@ def test_checkpoint_refuses_unknown_model_and_depth():
         C.checkpoint("tiny-qwen3", 5)
 
 
+def test_a_bf16_reference_is_not_reused_once_fp32_fits():
+    """A run under a small --mem-gib caches a bf16 reference; a later run whose budget fits fp32
+    makes (and then keeps using) the fp32 one; a small budget after that reuses fp32 too."""
+    from hinabench.e2e import measure as M
+    ck = C.checkpoint("tiny-qwen3", 1, seed=11)
+    ids = C.prompt_ids(ck.config["vocab_size"], 1, 6, 1)
+    for f in ck.path.glob("reference-*.pt"):
+        f.unlink()
+    quiet = lambda *_: None  # noqa: E731
+    small = M.reference(ck, ids, 1, echo=quiet)
+    assert small.what.startswith("transformers bf16") and "budget" in small.what
+    assert M.reference(ck, ids, 1, echo=quiet).what == small.what          # cached while fp32 does not fit
+    big = M.reference(ck, ids, 8 << 30, echo=quiet)
+    assert big.what == "transformers fp32"
+    assert M.reference(ck, ids, 1, echo=quiet).what == "transformers fp32"  # the better one, once made
+
+
 @pytest.mark.parametrize("name", list(TINY))
 def test_dropin_matches_transformers_fp32_without_copying_weights(name):
     from hinabench.e2e import measure as M

@@ -91,14 +91,19 @@ def _greedy(model, ids, steps: int) -> list[int]:
 
 def reference(ck, ids: torch.Tensor, mem_budget: int, echo=print) -> Reference:
     """transformers fp32 logits of `ids` on checkpoint `ck`, cached beside it; if fp32 does not fit in
-    `mem_budget` bytes, transformers' bf16 run with its eager experts (said so in `what`)."""
+    `mem_budget` bytes, transformers' bf16 run with its eager experts (said so in `what`).
+
+    The two are cached apart: an fp32 reference, once made, is always used; a bf16 one only while fp32
+    does not fit (a later run with a larger --mem-gib makes the fp32 one rather than reuse bf16)."""
     tag = "-".join(str(int(i)) for i in ids[0, :4].tolist()) + f"-{ids.shape[1]}"
-    cache_file = Path(ck.path) / f"reference-{tag}.pt"
-    if cache_file.exists():
-        d = torch.load(cache_file)
-        return Reference(ids, d["logits"], d["greedy"], d["what"])
     need = 2 * ck.bytes + (1 << 30)          # fp32 weights and 1 GiB for activations and the loader
     fits = need <= mem_budget
+    cached = {d: Path(ck.path) / f"reference-{tag}-{d}.pt" for d in ("fp32", "bf16")}
+    for d in ("fp32",) if fits else ("fp32", "bf16"):
+        if cached[d].exists():
+            c = torch.load(cached[d])
+            return Reference(ids, c["logits"], c["greedy"], c["what"])
+    cache_file = cached["fp32" if fits else "bf16"]
     dtype = torch.float32 if fits else torch.bfloat16
     what = "transformers fp32" if fits else (
         f"transformers bf16 with eager experts (fp32 needs {need / 2**30:.1f} GiB with headroom, over the "
