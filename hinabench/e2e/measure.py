@@ -55,16 +55,22 @@ def load(path: Path, dtype=torch.bfloat16, experts: str | None = None):
     return m
 
 
-def set_engine(model, engine: str, default_impl: str) -> str:
-    """Put the model in `engine`'s configuration; returns the experts implementation in use."""
+def set_engine(model, engine: str, default_impl: str, default_attn: str = "sdpa") -> str:
+    """Put the model in `engine`'s configuration; returns what runs: "experts=... attn=...[ linear=hina]"."""
     from . import dropin_linear
-    if engine in ("hina", "hina+l"):
+    if engine in ("hina", "hina+l", "hina+a"):
         from . import dropin
         dropin.use_hina(model)
     else:
         model.set_experts_implementation(default_impl)
+    if engine == "hina+a":
+        from . import dropin_attention
+        dropin_attention.use_hina_attention(model)
+    elif model.config._attn_implementation != default_attn:
+        model.set_attn_implementation(default_attn)
     dropin_linear.use_hina_linear(model, on=engine == "hina+l")
-    return model.config._experts_implementation + (" linear=hina" if engine == "hina+l" else "")
+    return (f"experts={model.config._experts_implementation} attn={model.config._attn_implementation}"
+            + (" linear=hina" if engine == "hina+l" else ""))
 
 
 # ---- validation --------------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ def code_lines(source: str) -> int:
     return len(lines - doc_lines)
 
 
-def patch_text() -> tuple[str, int]:
-    src = Path(__file__).with_name("dropin.py").read_text()
+def patch_text(name: str = "dropin.py") -> tuple[str, int]:
+    """A drop-in file's text and its code lines: dropin.py (the expert FFN: the paper's "about 30 lines"),
+    dropin_attention.py (decode attention, engine hina+a)."""
+    src = Path(__file__).with_name(name).read_text()
     return src, code_lines(src)

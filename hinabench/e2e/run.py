@@ -143,13 +143,14 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
     echo(f"  loading {ck.path.name} in transformers (bf16)")
     model = M.load(ck.path)
     default_impl = model.config._experts_implementation
+    default_attn = model.config._attn_implementation
     V = ck.config["vocab_size"]
     rows: dict[tuple, dict] = {}
     valid: dict[str, dict] = {}
     impl: dict[str, str] = {}
     hf_err = None
     for eng in engines_:
-        impl[eng] = M.set_engine(model, eng, default_impl)
+        impl[eng] = M.set_engine(model, eng, default_impl, default_attn)
         valid[eng] = M.validate(model, ref)
         v = valid[eng]
         echo(f"  {eng} ({impl[eng]}): logits rel_err {v['rel_err']:.2e} vs {ref.what} (tolerance "
@@ -160,7 +161,7 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
         for p in problems + table4:
             r = _base(p, eng, cfg, ck)
             v = valid[eng]
-            r.update(engine_impl=f"experts={impl[eng]} attn={model.config._attn_implementation}",
+            r.update(engine_impl=impl[eng],
                      engine_version=_versions(eng), versions=_versions(eng),
                      rel_err=v["rel_err"], tolerance=M.LOGIT_TOLERANCE, greedy_match=v["greedy_match"],
                      validation=f"teacher-forced logits of {ref.ids.shape[1]} tokens vs {ref.what}; argmax agree "
@@ -175,13 +176,13 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
     loads: dict[str, list] = {e: [] for e in engines_}
     # warm-up: one short generate per engine (first-call allocations, the kernel's module load)
     for eng in engines_:
-        M.set_engine(model, eng, default_impl)
+        M.set_engine(model, eng, default_impl, default_attn)
         M.generate_timed(model, prompt_ids(V, 1, 8, 7), 3)
     for rnd in range(cfg.rounds):
         for b in cfg.batches:
             ids = prompt_ids(V, b, cfg.prompt, cfg.seed + 100 + b)
             for eng in engines_:
-                M.set_engine(model, eng, default_impl)
+                M.set_engine(model, eng, default_impl, default_attn)
                 probes[eng].append(M.read_probe(model, cfg.threads))
                 with LoadMeter() as lm:
                     ttft, steps = M.generate_timed(model, ids, cfg.gen)
@@ -198,7 +199,7 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
             for eng in cfg.prefill_engines:
                 if eng not in engines_:
                     continue
-                M.set_engine(model, eng, default_impl)
+                M.set_engine(model, eng, default_impl, default_attn)
                 with LoadMeter() as lm:
                     t = M.prefill_timed(model, ids)
                 loads[eng].append(lm.other_cpus)
@@ -209,7 +210,7 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
     for b in cfg.batches:
         ids = prompt_ids(V, b, cfg.prompt, cfg.seed + 100 + b)
         for eng in engines_:
-            M.set_engine(model, eng, default_impl)
+            M.set_engine(model, eng, default_impl, default_attn)
             shares[(eng, b)] = M.decode_shares(model, ids, steps=min(16, max(cfg.gen - 1, 1)))
     out = []
     for (eng, p), r in rows.items():
