@@ -375,30 +375,32 @@ def tables(df) -> str:
             return None
         return v
     for m in dict.fromkeys(df["model"]):
-        h = layer(m, "hina")
-        for other, need in (("hf", 1.5), ("vllm", 1.2), ("llamacpp:bf16", 1.0)):
-            o = layer(m, other)
-            if h is None or o is None:
-                st = df[(df["model"] == m) & (df["backend"] == other)]["status"]
-                bad = [e for e in ("hina", other) if (m, e) in noisy]
-                why = (f"{other} {st.iloc[0]}" if len(st) and st.iloc[0] != "ok" else
-                       f"the per-layer cost of {' and '.join(bad)} is not above twice its spread (two depths, noisy machine)"
-                       if bad else f"no per-layer {other if h else 'hina'} cost")
-                out.append(f"- {m}: hina >= {need}x {other} per layer: n/a ({why})")
-            else:
-                out.append(f"- {m}: hina >= {need}x {other} per layer: {o / h:.2f}x -> {'PASS' if o / h >= need else 'FAIL'}"
-                           f" ({h:.2f} vs {o:.2f} ms)")
-        rl = roof.get((m, "hina", 1))
-        if h is not None and rl:
-            out.append(f"- {m}: hina per layer within 1.25x of its roofline: {h / rl:.2f}x -> "
-                       f"{'PASS' if h / rl <= 1.25 else 'FAIL'} ({h:.2f} ms vs {rl:.2f} ms)")
-        pre = df[(df["phase"] == "prefill") & (df["model"] == m) & (df["batch_size"] == 1) & (df["status"] == "ok")
-                 & (df["prompt_tokens"] == 128)]
-        for L in sorted(set(pre["layers"])):
-            g = pre[pre["layers"] == L].set_index("backend")["median_ms"]
-            if "hina" in g and "hf" in g:
-                out.append(f"- {m} L{int(L)}: TTFT(128) hina <= hf: {g['hina']:.0f} vs {g['hf']:.0f} ms -> "
-                           f"{'PASS' if g['hina'] <= g['hf'] else 'FAIL'}")
+        # `hina` (experts) and, where measured, `hina+a` (experts + decode attention: the whole drop-in)
+        for eng in [e for e in ("hina", "hina+a") if e == "hina" or ((df["model"] == m) & (df["backend"] == e)).any()]:
+            h = layer(m, eng)
+            for other, need in (("hf", 1.5), ("vllm", 1.2), ("llamacpp:bf16", 1.0)):
+                o = layer(m, other)
+                if h is None or o is None:
+                    st = df[(df["model"] == m) & (df["backend"] == other)]["status"]
+                    bad = [e for e in (eng, other) if (m, e) in noisy]
+                    why = (f"{other} {st.iloc[0]}" if len(st) and st.iloc[0] != "ok" else
+                           f"the per-layer cost of {' and '.join(bad)} is not above twice its spread (two depths, noisy machine)"
+                           if bad else f"no per-layer {other if h else eng} cost")
+                    out.append(f"- {m}: {eng} >= {need}x {other} per layer: n/a ({why})")
+                else:
+                    out.append(f"- {m}: {eng} >= {need}x {other} per layer: {o / h:.2f}x -> {'PASS' if o / h >= need else 'FAIL'}"
+                               f" ({h:.2f} vs {o:.2f} ms)")
+            rl = roof.get((m, eng, 1))
+            if h is not None and rl:
+                out.append(f"- {m}: {eng} per layer within 1.25x of its roofline: {h / rl:.2f}x -> "
+                           f"{'PASS' if h / rl <= 1.25 else 'FAIL'} ({h:.2f} ms vs {rl:.2f} ms)")
+            pre = df[(df["phase"] == "prefill") & (df["model"] == m) & (df["batch_size"] == 1) & (df["status"] == "ok")
+                     & (df["prompt_tokens"] == 128)]
+            for L in sorted(set(pre["layers"])):
+                g = pre[pre["layers"] == L].set_index("backend")["median_ms"]
+                if eng in g and "hf" in g:
+                    out.append(f"- {m} L{int(L)}: TTFT(128) {eng} <= hf: {g[eng]:.0f} vs {g['hf']:.0f} ms -> "
+                               f"{'PASS' if g[eng] <= g['hf'] else 'FAIL'}")
     t4 = table4_rows(df)
     t4 = t4[t4["status"] == "ok"] if len(t4) else t4
     if len(t4):
