@@ -194,6 +194,17 @@ def test_per_layer_cost_from_two_depths():
     assert "no attention kernel" in ab["+m+a"]["why"]
 
 
+def test_per_layer_takes_the_newest_row_of_a_depth_whatever_the_file_order():
+    import pandas as pd
+    from hinabench.e2e.figures import per_layer
+    rows = [dict(op="e2e", model="m", backend="hf", phase="decode", status="ok", layers=L, batch_size=1,
+                 prompt_tokens=128, median_ms=ms, mad_ms=0.1, full_layers=8, timestamp=ts)
+            for L, ms, ts in ((2, 30.0, "2026-12-01T05:00:00+0000"), (4, 50.0, "2026-12-01T05:00:00+0000"),
+                              (2, 20.0, "2026-11-30T05:00:00+0000"), (4, 60.0, "2026-11-30T05:00:00+0000"))]
+    pl = per_layer(pd.DataFrame(rows))
+    assert pl["per_layer_ms"].iloc[0] == pytest.approx(10.0)   # (50 - 30) / 2: the newer day's pair
+
+
 def test_gguf_refuses_a_disk_without_room(monkeypatch, tmp_path):
     import shutil
     from collections import namedtuple

@@ -49,7 +49,7 @@ def per_layer(df, phase: str = "decode"):
     ok = df[(df["status"] == "ok") & (df["phase"] == phase)]
     out = []
     for (model, eng, b, p), g in ok.groupby(["model", "backend", "batch_size", "prompt_tokens"]):
-        g = g.sort_values("layers")
+        g = g.sort_values(["layers", "timestamp"] if "timestamp" in g else "layers")   # per depth, the newest last
         depths = list(dict.fromkeys(g["layers"]))
         if len(depths) < 2:
             r = g.iloc[0]
@@ -202,6 +202,8 @@ def ablation(df):
                 why = "" if len(r) else (f"{rows['status'].iloc[0]}: {rows['reason'].iloc[0]}" if len(rows) else "not run")
             # the whole decode step at the deepest depth both ran (labelled as such where per-layer is missing)
             dec = df[(df["model"] == model) & (df["phase"] == "decode") & (df["batch_size"] == 1) & (df["status"] == "ok")]
+            if "timestamp" in dec:
+                dec = dec.sort_values("timestamp")   # the newest row of each last
             step_speedup, depth = None, None
             both = sorted(set(dec[dec["backend"] == "hf"]["layers"]) & set(dec[dec["backend"] == eng]["layers"]))
             if both:
