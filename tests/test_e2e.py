@@ -160,6 +160,7 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
         assert all(x["command"].startswith("hinabench e2e") and x["checkpoint_hash"] for x in by[eng])
         assert {int(x["prompt_tokens"]) for x in by[eng] if x["phase"] == "prefill"} == ({8, 16} if eng != "hina+l" else {8})
     assert all(x["status"] == "ok" and float(x["rel_err"]) < 0.03 for x in by["hina+l"])
+    assert all(0 <= float(x["logprob_err"]) < 0.05 for e in ("hina", "hf", "hina+a") for x in by[e])
     dec = [x for x in by["hina+a"] if x["phase"] == "decode"]
     assert len(dec) == 4 and all(x["status"] == "ok" and x["engine_impl"] == "experts=hina attn=hina" for x in dec)
     assert all(0 < float(x["attn_share"]) < 1 for x in dec)
@@ -203,6 +204,21 @@ def test_per_layer_takes_the_newest_row_of_a_depth_whatever_the_file_order():
                               (2, 20.0, "2026-11-30T05:00:00+0000"), (4, 60.0, "2026-11-30T05:00:00+0000"))]
     pl = per_layer(pd.DataFrame(rows))
     assert pl["per_layer_ms"].iloc[0] == pytest.approx(10.0)   # (50 - 30) / 2: the newer day's pair
+
+
+def test_logprob_err_is_the_max_prompt_logprob_delta():
+    from hinabench.e2e import measure as M
+    torch.manual_seed(0)
+    logits = torch.randn(5, 11)
+    ref = M.Reference(torch.tensor([[3, 1, 4, 1, 5]]), logits, [], "test")
+    assert M.logprob_err(logits.clone(), ref) == 0.0
+    assert M.logprob_err(logits + 7.0, ref) == pytest.approx(0.0, abs=1e-5)     # a shift of all logits: none
+    moved = logits.clone()
+    moved[2, 1] += 0.5                     # position 2 predicts token ids[3] = 1: its log-prob moves
+    lp = M.prompt_logprobs(ref, logits)
+    want = abs(float(torch.log_softmax(moved[2], -1)[1] - lp[2]))
+    assert M.logprob_err(moved, ref) == pytest.approx(want) and want > 0.1
+    assert M.logprob_err(M.prompt_logprobs(ref, moved), ref) == pytest.approx(want)   # log-probs given directly
 
 
 def test_gguf_refuses_a_disk_without_room(monkeypatch, tmp_path):
@@ -278,12 +294,16 @@ json.dump({{"version": "0.32.0-stand-in", "validation": {{"prompt_logprobs": [0.
     monkeypatch.setenv("HINABENCH_ENVS", str(tmp_path / "envs"))
     out = tmp_path / "e2e.csv"
     r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1", "--prompt", "8", "--gen", "4", "--batch", "1,2",
-               "--engines", engine, "--rounds", "1", "--out", str(out))
+               "--engines", f"hf,{engine}", "--rounds", "1", "--out", str(out))
     assert r.exit_code == 0, r.output
     rows = read_csv(out)
+    hf = [x for x in rows if x["backend"] == "hf"]
+    rows = [x for x in rows if x["backend"] != "hf"]
     assert len(rows) == 4 and all(x["backend"] == engine for x in rows)
     b1 = [x for x in rows if x["batch_size"] == "1" or engine == "vllm"]
     assert all(x["status"] == "wrong" and "nats" in x["reason"] for x in b1)
+    own = float(hf[0]["logprob_err"])       # beside a peer's delta: transformers' own bf16 one, same tokens
+    assert all(float(x["logprob_err_hf"]) == own and f"own bf16 run: {own:.3g} nats" in x["reason"] for x in b1)
     assert all(x["status"] == "unsupported" and "one sequence" in x["reason"] for x in rows if x not in b1)
     dec = [x for x in b1 if x["phase"] == "decode"]
     assert all(float(x["median_ms"]) == pytest.approx(110.0) and "0.32.0-stand-in" in x["engine_version"] for x in dec)

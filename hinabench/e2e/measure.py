@@ -130,6 +130,7 @@ def validate(model, ref: Reference) -> dict:
     from ..problems.validate import rel_err
     logits = model(input_ids=ref.ids).logits[0].float()
     err = rel_err(logits, ref.logits)
+    lp_err = logprob_err(logits, ref)
     agree = float((logits.argmax(-1) == ref.logits.argmax(-1)).float().mean())
     greedy = _greedy(model, ref.ids, GREEDY_STEPS)
     match = 0
@@ -138,7 +139,20 @@ def validate(model, ref: Reference) -> dict:
             break
         match += 1
     return {"rel_err": err, "argmax_agree": agree, "greedy_match": f"{match}/{len(ref.greedy)}",
-            "ok": err <= LOGIT_TOLERANCE}
+            "logprob_err": lp_err, "ok": err <= LOGIT_TOLERANCE}
+
+
+def prompt_logprobs(ref: Reference, logits: torch.Tensor) -> torch.Tensor:
+    """log p(token t+1 | tokens <= t) for each prompt token after the first, from [Pv, V] logits."""
+    lp = torch.log_softmax(logits.float(), -1)
+    return lp[:-1].gather(1, ref.ids[0, 1:, None])[:, 0]
+
+
+def logprob_err(got, ref: Reference) -> float:
+    """max |delta log-prob| (nats) over the prompt tokens against the reference: the measure the engines
+    in other processes are judged by; `got` is [Pv, V] logits or the [Pv - 1] log-probs themselves."""
+    got = got if got.dim() == 1 else prompt_logprobs(ref, got)
+    return float((got.float() - prompt_logprobs(ref, ref.logits)).abs().max())
 
 
 # ---- timing ------------------------------------------------------------------------------------------

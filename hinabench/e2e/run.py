@@ -132,9 +132,10 @@ def run_e2e(cfg: E2EConfig, store, echo=print) -> list[dict]:
                 for r in rows_ip:
                     emit(r)
             gc.collect()
+            hf_lp = next((r["logprob_err"] for r in rows_ip if r["backend"] == "hf"), None) if inproc else None
             for eng in runnable:
                 if eng == "vllm" or eng.startswith("llamacpp:"):
-                    for r in _run_peer(cfg, ck, ref, problems, echo, envs, eng):
+                    for r in _run_peer(cfg, ck, ref, problems, echo, envs, eng, hf_lp):
                         emit(r)
     return rows
 
@@ -154,7 +155,8 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
         valid[eng] = M.validate(model, ref)
         v = valid[eng]
         echo(f"  {eng} ({impl[eng]}): logits rel_err {v['rel_err']:.2e} vs {ref.what} (tolerance "
-             f"{M.LOGIT_TOLERANCE}), argmax agree {v['argmax_agree']:.2f}, greedy {v['greedy_match']}")
+             f"{M.LOGIT_TOLERANCE}), prompt log-probs max delta {v['logprob_err']:.3g} nats, argmax agree "
+             f"{v['argmax_agree']:.2f}, greedy {v['greedy_match']}")
         if eng == "hf":
             hf_err = v["rel_err"]
     for eng in engines_:
@@ -166,7 +168,7 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
                      rel_err=v["rel_err"], tolerance=M.LOGIT_TOLERANCE, greedy_match=v["greedy_match"],
                      validation=f"teacher-forced logits of {ref.ids.shape[1]} tokens vs {ref.what}; argmax agree "
                                 f"{v['argmax_agree']:.2f} (random weights: near-uniform logits, argmax fragile)",
-                     logit_rel_err_hf=hf_err, status="ok" if v["ok"] else "wrong",
+                     logit_rel_err_hf=hf_err, logprob_err=v["logprob_err"], status="ok" if v["ok"] else "wrong",
                      reason=None if v["ok"] else f"logits rel_err {v['rel_err']:.3g} > {M.LOGIT_TOLERANCE}",
                      warmup=1)
             rows[(eng, p)] = r
@@ -249,7 +251,7 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
     return out
 
 
-def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str) -> list[dict]:
+def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str, hf_lp: float | None = None) -> list[dict]:
     """An engine in its own env and process (vllm_run.py, llamacpp_run.py): request and result as JSON."""
     V = ck.config["vocab_size"]
     req = {"path": str(ck.path), "batches": cfg.batches, "prompt": cfg.prompt, "gen": cfg.gen, "rounds": cfg.rounds,
@@ -298,12 +300,10 @@ def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str) -> list[dict]:
             r.update(status="failed", reason=f"{engine}: {res['error']}")
         return list(rows.values())
     # validation: the prompt tokens' log-probs against the reference's
-    ref_lp = torch.log_softmax(ref.logits, -1)
-    toks = ref.ids[0, 1:]
-    ref_tok = ref_lp[:-1].gather(1, toks[:, None])[:, 0]
     got = torch.tensor(res["validation"]["prompt_logprobs"], dtype=torch.float32)
-    err = float((got - ref_tok).abs().max())
+    err = M.logprob_err(got, ref)
     ok = err <= tolerance
+    own = (f" (transformers' own bf16 run: {hf_lp:.3g} nats on the same tokens)" if hf_lp is not None else "")
     g = res["validation"]["greedy"]
     match = 0
     for a, b in zip(g, ref.greedy):
@@ -318,9 +318,9 @@ def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str) -> list[dict]:
         r.update(engine_version=json.dumps({pkg: res.get("version")}), versions=json.dumps({pkg: res.get("version")}),
                  engine_impl=impl,
                  rel_err=err, tolerance=tolerance, greedy_match=f"{match}/{len(ref.greedy)}",
-                 validation=f"max |delta log-prob| of {len(got)} prompt tokens vs {ref.what} (prompt_logprobs)",
-                 status="ok" if ok else "wrong",
-                 reason=None if ok else f"prompt log-probs differ by {err:.3g} nats > {tolerance}",
+                 validation=f"max |delta log-prob| of {len(got)} prompt tokens vs {ref.what} (prompt_logprobs){own}",
+                 logprob_err=err, logprob_err_hf=hf_lp, status="ok" if ok else "wrong",
+                 reason=None if ok else f"prompt log-probs differ by {err:.3g} nats > {tolerance}{own}",
                  load_other_cpus=round(other_cpus, 2), warmup=0)
         if not pt.get("ttft_s"):
             r.update(status="unsupported", reason=f"{engine}: no samples at batch {p.batch} "

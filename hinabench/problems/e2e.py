@@ -26,7 +26,8 @@ class E2EProblem(Problem):
         "tokens_per_s", "tpot_ms", "ttft_ms",                 # the decode row carries its prefill's TTFT too
         "ffn_ms", "attn_ms", "ffn_share", "attn_share",       # per decode step, timers around the blocks
         "experts_touched", "layer_bytes", "step_bytes",       # what one decode step must read
-        "validation", "logit_rel_err_hf", "greedy_match")
+        "validation", "logit_rel_err_hf", "greedy_match",
+        "logprob_err", "logprob_err_hf")                     # max |delta log-prob| of the prompt, nats
 
     model: Model
     layers: int
