@@ -314,7 +314,7 @@ def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str, hf_lp: float | No
         pt = res["points"].get(str(p.batch), {})
         pkg = "vllm" if engine == "vllm" else "llama-cpp-python"
         impl = ("vllm eager (compilation mode 0)" if not cfg.vllm_compile else "vllm compiled") if engine == "vllm" \
-            else f"llama.cpp GGUF {engine.split(':', 1)[1].upper()}"
+            else f"llama.cpp GGUF {engine.split(':', 1)[1].upper()}, KV cache {res.get('kv_cache', 'f16')}"
         r.update(engine_version=json.dumps({pkg: res.get("version")}), versions=json.dumps({pkg: res.get("version")}),
                  engine_impl=impl,
                  rel_err=err, tolerance=tolerance, greedy_match=f"{match}/{len(ref.greedy)}",
