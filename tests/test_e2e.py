@@ -63,6 +63,7 @@ def test_a_bf16_reference_is_not_reused_once_fp32_fits():
     small = M.reference(ck, ids, 1, echo=quiet)
     assert small.what.startswith("transformers bf16") and "budget" in small.what
     assert M.reference(ck, ids, 1, echo=quiet).what == small.what          # cached while fp32 does not fit
+    assert "1.0 GiB budget" in M.reference(ck, ids, 1 << 30, echo=quiet).what   # and says this run's budget
     big = M.reference(ck, ids, 8 << 30, echo=quiet)
     assert big.what == "transformers fp32"
     assert M.reference(ck, ids, 1, echo=quiet).what == "transformers fp32"  # the better one, once made

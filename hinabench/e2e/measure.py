@@ -105,15 +105,15 @@ def reference(ck, ids: torch.Tensor, mem_budget: int, echo=print) -> Reference:
     need = 2 * ck.bytes + (1 << 30)          # fp32 weights and 1 GiB for activations and the loader
     fits = need <= mem_budget
     cached = {d: Path(ck.path) / f"reference-{tag}-{d}.pt" for d in ("fp32", "bf16")}
-    for d in ("fp32",) if fits else ("fp32", "bf16"):
-        if cached[d].exists():
-            c = torch.load(cached[d])
-            return Reference(ids, c["logits"], c["greedy"], c["what"])
-    cache_file = cached["fp32" if fits else "bf16"]
-    dtype = torch.float32 if fits else torch.bfloat16
     what = "transformers fp32" if fits else (
         f"transformers bf16 with eager experts (fp32 needs {need / 2**30:.1f} GiB with headroom, over the "
         f"{mem_budget / 2**30:.1f} GiB budget)")
+    for d in ("fp32",) if fits else ("fp32", "bf16"):
+        if cached[d].exists():
+            c = torch.load(cached[d])   # a bf16 one says this run's budget, not the one it was made under
+            return Reference(ids, c["logits"], c["greedy"], what if d == "bf16" else c["what"])
+    cache_file = cached["fp32" if fits else "bf16"]
+    dtype = torch.float32 if fits else torch.bfloat16
     echo(f"  reference: {what}")
     m = load(ck.path, dtype, experts="eager")
     with torch.inference_mode():
