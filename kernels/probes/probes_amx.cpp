@@ -1,6 +1,6 @@
 // AMX BF16 peak loop (compiled with -mamx-*; called only when cpuid says AMX and the OS granted
 // XTILEDATA to this process).
-#include <immintrin.h>
+#include "isa/amx/tiles.h"  // <immintrin.h> with a _tile_loadconfig GCC 12 cannot drop stores around
 
 #include <cstring>
 

@@ -21,11 +21,7 @@
 // emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated"), so the logic is tested
 // on CPUs without AMX. The tile-operand code uses only `_tile_*` intrinsics; the transforms are
 // plain C++ on the L1-resident tile stores (glue.h's stores, shared with every kernel).
-#if defined(HINA_EMU_AMX)
-#include "emu/tile_emulator.h"
-#else
-#include <immintrin.h>
-#endif
+#include "isa/amx/tiles.h"
 
 #include "glue.h"
 

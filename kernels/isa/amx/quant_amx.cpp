@@ -16,11 +16,7 @@
 //
 // Built twice from this one source: for real (-mamx-int8 ..., `_C`, isa "amx") and against
 // emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated").
-#if defined(HINA_EMU_AMX)
-#include "emu/tile_emulator.h"
-#else
-#include <immintrin.h>
-#endif
+#include "isa/amx/tiles.h"
 
 #include <cstring>
 
