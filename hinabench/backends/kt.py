@@ -11,6 +11,8 @@ load_weights_task (the operator packs its own copy: counted in extra_bytes) and 
                  weights and fp32 128x128 block scales (hinabench.quant, DeepSeek-V3's weight_scale_inv;
                  bf16 scales give NaN on this build). kt's AVX2 build has no INT8 class (its INT8 MoE,
                  AMXInt8_MOE, the paper's Figure 11 peer, is in the AMX build only): no `kt` int8 row here.
+- `kt:amxfp8`    moe.AMXFP8_MOE: the FP8 operator of kt's AMX build, on the same weights and scales as
+                 `kt:fp8` (first run on an AMX Xeon, 2026-12-01)
 A class the loaded build does not have is an `unsupported` row naming the build.
 """
 from __future__ import annotations
@@ -70,8 +72,18 @@ class KtFp8(_Kt):
                    "fp8 e4m3 weights with 128x128 fp32 block scales, on its packed copy")
 
 
+@register
+class KtAmxFp8(_Kt):
+    name = "kt:amxfp8"
+    variant = "amxfp8"
+    dtypes = ("fp8",)
+    description = ("KTransformers kt-kernel moe.AMXFP8_MOE (its AMX build's FP8 operator, DeepSeek-V3's 128x128 "
+                   "block scales) on the problem's fp8 e4m3 weights, on its packed copy")
+
+
 # ---- worker side ----------------------------------------------------------------------------------
-_CLASSES = {"amxbf16": "AMXBF16_MOE", "avx2bf16": "AVX2BF16_MOE", "llamafile": "MOE", "fp8": "AVX2FP8_MOE"}
+_FP8 = ("fp8", "amxfp8")   # the same weights and scales: e4m3 bytes, [E, N/128, K/128] fp32 block scales
+_CLASSES = {"amxbf16": "AMXBF16_MOE", "avx2bf16": "AVX2BF16_MOE", "llamafile": "MOE", "fp8": "AVX2FP8_MOE", "amxfp8": "AMXFP8_MOE"}
 
 
 class KtPeer:
@@ -97,9 +109,9 @@ class KtPeer:
                                   f"H={p.H}, I={p.I}")
         self.data = data
         cfg = k.moe.MOEConfig(E, p.A, p.H, p.I)
-        if self.variant == "fp8":
+        if self.variant in _FP8:
             if getattr(data, "q13", None) is None or p.dtype != "fp8":
-                raise PeerUnsupported("kt:fp8 runs fp8 problems only")
+                raise PeerUnsupported(f"kt:{self.variant} runs fp8 problems only")
             I = p.I
             # kt reads gate, up and down as separate contiguous [E, N, K] bytes and [E, N/128, K/128] scales
             self.gate = data.q13.q[:, :I].contiguous().view(torch.uint8)
@@ -150,7 +162,7 @@ class KtPeer:
         # the contiguous gate/up copies we hand it; the operators' own packed copies (AMX/AVX2 BF16
         # repack at load_weights) are not visible from Python: counted as one more copy of the weights
         # for those, none for llamafile (which reads the ggml tensors it was given)
-        if self.variant == "fp8":   # our contiguous copies (bytes + scales), and its packed copy of them
+        if self.variant in _FP8:   # our contiguous copies (bytes + scales), and its packed copy of them
             ours = self.gate.numel() + self.up.numel() + self.down.numel() + sum(4 * s.numel() for s in self.scales)
             return 2 * ours
         ours = 2 * self.gate.numel() * 2
