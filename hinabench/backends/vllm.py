@@ -55,12 +55,13 @@ def _load_kernels(variant: str):
         CpuPlatform.import_kernels()
     else:
         import vllm._C  # noqa: F401
-        # Linux hands a process AMX tile state only after arch_prctl(ARCH_REQ_XCOMP_PERM); vLLM's kernels
-        # never ask (in its engine oneDNN's first AMX primitive does, before any MoE call): alone they
-        # die with SIGILL at their first tile instruction on an AMX CPU (seen 2026-12-01). Ask as torch does.
-        init_amx = getattr(torch._C._cpu, "_init_amx", None)
-        if init_amx is not None:
-            init_amx()
+    # Linux hands a process AMX tile state only after arch_prctl(ARCH_REQ_XCOMP_PERM); vLLM's kernels
+    # never ask (in its engine oneDNN's first AMX primitive does, before any MoE call): alone they die
+    # with SIGILL at their first tile instruction on an AMX CPU (seen 2026-12-01). Ask as torch does (a
+    # no-op without AMX); the attention op picks isa "amx" there too.
+    init_amx = getattr(torch._C._cpu, "_init_amx", None)
+    if init_amx is not None:
+        init_amx()
     return torch.ops._C
 
 
