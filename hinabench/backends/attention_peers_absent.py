@@ -25,14 +25,14 @@ class _Absent(Backend):
 class IpexPagedAttn(_Absent):
     name = "ipex:paged-attn"
     description = "IPEX PagedAttention / IndirectAccessKVCache decode attention (adapter not written)"
-    why = ("IPEX refuses bf16 on CPUs without AVX-512 BW/VL/DQ (its bf16 prepack/brgemm paths; MACHINE-NOTES), "
-           "and the ipex env is not on this machine")
+    why = ("the adapter is not written (IPEX's paged decode attention over a block table, in the `ipex` env); "
+           "on a CPU without AVX-512 BW/VL/DQ IPEX refuses bf16 anyway (its bf16 prepack/brgemm paths; MACHINE-NOTES)")
 
 
 @register
 class SglangAttn(_Absent):
     name = "sglang:attn"
     description = "SGLang decode_attention_cpu / extend_attention_cpu (adapter not written)"
-    why = ("the only build here that carries SGLang's decode_attention_cpu/extend_attention_cpu is vLLM's _C "
-           "(its AVX-512-BF16 library), which dies with SIGILL on this AVX2-only CPU; kt's sgl_kernel does not "
-           "import (no common_ops)")
+    why = ("the adapter is not written: the only build that carries SGLang's decode_attention_cpu/"
+           "extend_attention_cpu is vLLM's _C (its AVX-512-BF16 library, SIGILL on an AVX2-only CPU); kt's "
+           "sgl_kernel does not import (no common_ops)")
