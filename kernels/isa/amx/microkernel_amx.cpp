@@ -21,6 +21,18 @@
 // emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated"), so the logic is tested
 // on CPUs without AMX. The tile-operand code uses only `_tile_*` intrinsics; the transforms are
 // plain C++ on the L1-resident tile stores (glue.h's stores, shared with every kernel).
+//
+// Measured on real AMX (2026-12-01, a 2-vCPU Xeon with AMX-BF16, 480 MiB L3; results/intel-f6m167-2t-1n/):
+// memory-bound up to T = 16 on Mixtral-8x7B (2 threads: 0.83-0.88 of the same-process read probe),
+// 0.70-0.72 on Qwen3-30B-A3B's small experts at T <= 4, where vLLM-CPU's AMX kernel reaches ~0.8.
+// From T = 64 the tiles wait on their loads: at T = 256, 17% of the AMX peak, 0.76x onednn:prepacked;
+// perf (cpu-clock) puts ~65% of the samples on the four TILELOADDs of the K loop: each A tile is 16
+// W rows one row stride (8 KiB for Mixtral's gate) apart, and neither operand of a 2048-element piece
+// (128 KiB each) stays in L1 between iterations, so every tile comes from L2 or further.
+// Tried and not kept (A/B in one session, medians of interleaved processes): token groups outer and
+// W rows inner (B stays in L2): 0.95-0.97x at T = 32..256; TILELOAD instead of TILELOADDT1 for W at
+// M <= 32: 0.99-1.01x. Next: a K-blocked loop over L1-sized chunks of W and I (C tiles carried across
+// chunks), and a transient contiguous copy of the W block when M spans several token groups.
 #include "isa/amx/tiles.h"
 
 #include "glue.h"
