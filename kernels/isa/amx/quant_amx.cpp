@@ -11,8 +11,13 @@
 // The SiLU(gate)*up intermediate is stored in fp32 and re-quantized per token and group by pack_act
 // into the same VNNI-4 layout for the down projection (quant_glue.h's stores).
 // Per group the scale step touches every C element once: a real AMX kernel would keep more in
-// tiles (two A x two B tiles, as the BF16 kernel) and scale with AVX-512; this one is written for
-// correctness first and has not run on AMX hardware (none here): it runs on the tile emulator.
+// tiles (two A x two B tiles, as the BF16 kernel) and scale with AVX-512; this one was written for
+// correctness first, on the tile emulator. On real AMX (2026-12-01, 2 vCPUs of a Xeon; results/
+// intel-f6m167-2t-1n/fig11-amx.csv) it passes every test and is 1.66x hina BF16 at Mixtral T = 1, but
+// reaches only 0.62-0.69 of the roofline on Mixtral at T <= 8 and 0.27-0.40 on Qwen3-30B-A3B's small
+// experts, slower there than the AVX2 INT8 kernel on the same CPU (1.95 vs 2.86 ms at T = 1): with
+// g = 128 a C tile lives for two tdpbssd before its scale step, so the scalar scale pass, not the
+// tiles, sets the pace. kt-kernel's AMX INT8 keeps one scale per row for this reason.
 //
 // Built twice from this one source: for real (-mamx-int8 ..., `_C`, isa "amx") and against
 // emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated").
