@@ -126,7 +126,6 @@ class HinaAvx512(_Hina):
 
 @register
 class HinaAmx(_Hina):
-    ops = ("ffn", "linear")        # no attention micro-kernel for this ISA yet (kernels/ops/attention.h)
     name = "hina:amx"
     isa = "amx"
     description = ("HiNa-MoE general-layout kernel, AMX-BF16 micro-kernel (Algorithm 1: W as tile A in "

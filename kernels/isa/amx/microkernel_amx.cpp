@@ -35,6 +35,8 @@
 // chunks), and a transient contiguous copy of the W block when M spans several token groups.
 #include "isa/amx/tiles.h"
 
+#include <cstdlib>
+
 #include "glue.h"
 
 namespace hina {
@@ -101,6 +103,8 @@ void configure(Shape s) {
   _tile_loadconfig(&cfg);
 }
 
+static const int g_pf = [] { const char* e = std::getenv("HINA_AMX_PF"); return e ? std::atoi(e) : 0; }();
+
 // One canonical piece: K blocks [kb0, kb1) with fresh accumulators (pieces.h), stored to C.
 template <bool kStreamW>
 void algorithm1(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int kb0, int kb1, Shape s,
@@ -117,6 +121,11 @@ void algorithm1(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int kb0,
     // line 2: (tmm2 ~ tmm3) <- W(n : n+32, k : k+32), general layout    tileloaddt1 / tileloadd
     // (Algorithm 2, line 5: W(x : x + 32*T_x, y : y+32) is the same load with stride T_x rows)
     const bf16_t* wk = w + size_t(kb) * kKr;
+    if (g_pf > 0 && kb + g_pf < KB) {
+      const bf16_t* p = wk + size_t(g_pf) * kKr;
+      const int rows = s.a0 + s.a1;
+      for (int r = 0; r < rows; ++r) __builtin_prefetch(p + r * ldw, 0, 3);
+    }
     if (kStreamW) {
       _tile_stream_loadd(2, wk, wstride);
       if (s.a1) _tile_stream_loadd(3, wk + 16 * ldw, wstride);
