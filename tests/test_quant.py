@@ -298,3 +298,6 @@ def test_quant_targets_are_judged_and_missing_comparisons_are_na():
     assert v[(1, "fp8 vs int8")].verdict == "fail"               # 10/12 = 0.83x < 0.9x
     assert v[(8, "int8 peers")].verdict == "pass"
     assert v[(8, "vs q8_0")].verdict == "n/a" and v[(1, "vs q8_0")].verdict == "n/a"
+    # an ISA with no FP8 micro-kernel (AMX): its INT8 is judged against hina's fastest FP8 path, named
+    amx = {(x.T, x.target): x for x in judge_quant(rows + [r("int8", "hina:amx", 1, 11.0, eff=0.8)], "hina:amx")}
+    assert amx[(1, "fp8 vs int8")].got == f"{11.0 / 12.0:.2f}x" and "hina:avx2" in amx[(1, "fp8 vs int8")].why
