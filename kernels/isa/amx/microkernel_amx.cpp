@@ -31,11 +31,14 @@
 // (128 KiB each) stays in L1 between iterations, so every tile comes from L2 or further.
 // Tried and not kept (A/B in one session, medians of interleaved processes): token groups outer and
 // W rows inner (B stays in L2): 0.95-0.97x at T = 32..256; TILELOAD instead of TILELOADDT1 for W at
-// M <= 32: 0.99-1.01x. Next: a K-blocked loop over L1-sized chunks of W and I (C tiles carried across
-// chunks), and a transient contiguous copy of the W block when M spans several token groups.
+// M <= 32: 0.99-1.01x; software prefetch of each W row 4/8/16 K steps ahead: 1.02 / 0.97 / 0.88x
+// (Qwen3, T = 1..16); the next W block prefetched into L2 as one sequential stream while the current
+// one streams (Qwen3 rows are 4 KiB, a page each): 0.95-0.98x. At T <= 16 the K loop's time is on
+// the W TILELOADDT1s (~80% of cpu-clock samples at Qwen3 T = 1): it streams, at 0.72 of the probe
+// on Qwen3 and 0.85 on Mixtral. Next: a K-blocked loop over L1-sized chunks of W and I (C tiles
+// carried across chunks), and a transient contiguous copy of the W block when M spans several token
+// groups.
 #include "isa/amx/tiles.h"
-
-#include <cstdlib>
 
 #include "glue.h"
 
@@ -103,8 +106,6 @@ void configure(Shape s) {
   _tile_loadconfig(&cfg);
 }
 
-static const int g_pf = [] { const char* e = std::getenv("HINA_AMX_PF"); return e ? std::atoi(e) : 0; }();
-
 // One canonical piece: K blocks [kb0, kb1) with fresh accumulators (pieces.h), stored to C.
 template <bool kStreamW>
 void algorithm1(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int kb0, int kb1, Shape s,
@@ -121,11 +122,6 @@ void algorithm1(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int kb0,
     // line 2: (tmm2 ~ tmm3) <- W(n : n+32, k : k+32), general layout    tileloaddt1 / tileloadd
     // (Algorithm 2, line 5: W(x : x + 32*T_x, y : y+32) is the same load with stride T_x rows)
     const bf16_t* wk = w + size_t(kb) * kKr;
-    if (g_pf > 0 && kb + g_pf < KB) {
-      const bf16_t* p = wk + size_t(g_pf) * kKr;
-      const int rows = s.a0 + s.a1;
-      for (int r = 0; r < rows; ++r) __builtin_prefetch(p + r * ldw, 0, 3);
-    }
     if (kStreamW) {
       _tile_stream_loadd(2, wk, wstride);
       if (s.a1) _tile_stream_loadd(3, wk + 16 * ldw, wstride);
