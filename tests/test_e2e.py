@@ -196,6 +196,22 @@ def test_per_layer_cost_from_two_depths():
     assert "no attention kernel" in ab["+m+a"]["why"]
 
 
+@pytest.mark.parametrize("l3_mib,cached", [(32, False), (480, True)])
+def test_roofline_target_is_na_when_the_layers_fit_in_the_l3(l3_mib, cached):
+    """A 4-layer step of 114 MB layers stays in a 480 MiB L3 between decode steps: no DRAM bound."""
+    import pandas as pd
+    from hinabench.e2e.figures import tables
+    rows = [dict(op="e2e", model="qwen3-30b-a3b", backend="hina", phase="decode", status="ok", layers=L,
+                 batch_size=1, prompt_tokens=128, median_ms=40.0 + 5.0 * L, mad_ms=0.5, full_layers=48,
+                 layer_bytes=114e6, read_gbps=30.0, tokens_per_s=20.0, ffn_share=0.3, attn_share=0.2, rel_err=0.01,
+                 fingerprint=f"Some CPU, 1S/2C/2T, L3 {l3_mib} MiB, ISA avx2")
+            for L in (2, 4)]
+    text = tables(pd.DataFrame(rows))
+    line = [x for x in text.splitlines() if "within 1.25x of its roofline" in x][0]
+    assert ("n/a (4 layers x 114 MB fit in the 480 MiB L3" in line) == cached
+    assert ("FAIL" in line) == (not cached)      # 5 ms vs 3.8 ms: 1.32x
+
+
 def test_per_layer_takes_the_newest_row_of_a_depth_whatever_the_file_order():
     import pandas as pd
     from hinabench.e2e.figures import per_layer
