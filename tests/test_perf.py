@@ -137,6 +137,8 @@ def test_session_on_this_machine_is_honest():
     if not ok:
         assert row["perf_status"] == "unsupported" and row["perf_reason"]
         assert row["remote_fraction_perf"] is None and row["dram_local_loads"] is None
+    if table is None:      # a CPU with no counter table (e.g. a Xeon model the tables do not list)
+        return
     perf.probe(tuple(table.events.values()))
     assert perf.probe.cache_info().hits >= 1                   # probed once, then cached
 
