@@ -325,3 +325,25 @@ json.dump({{"version": "0.32.0-stand-in", "validation": {{"prompt_logprobs": [0.
     dec = [x for x in b1 if x["phase"] == "decode"]
     assert all(float(x["median_ms"]) == pytest.approx(110.0) and "0.32.0-stand-in" in x["engine_version"] for x in dec)
     assert os.environ.get("HINABENCH_ENVS") == str(tmp_path / "envs")
+
+
+def test_router_near_tie_is_found_and_worded():
+    """The reference records its prompt's closest router decision; under NEAR_TIE a mismatch says so."""
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+    from hinabench.e2e import measure as M
+    assert M.router_near_tie([(0.5, 0, 3), (0.3, 1, 7)]) is None
+    words = M.router_near_tie([(0.5, 0, 3), (0.009, 1, 17)])
+    assert "layer 2" in words and "token 17" in words and "0.009" in words
+    cfg = MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    m = MixtralForCausalLM(cfg).eval()
+    margins: list = []
+    hooks = M._router_hooks(m, margins)
+    with torch.inference_mode():
+        m(input_ids=torch.arange(10)[None])
+    for h in hooks:
+        h.remove()
+    assert sorted(layer for _, layer, _ in margins) == [0, 1]        # one (smallest) margin per router
+    assert all(g >= 0 and 0 <= t < 10 for g, _, t in margins)

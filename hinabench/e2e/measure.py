@@ -80,6 +80,48 @@ class Reference:
     logits: torch.Tensor         # [Pv, V] float32
     greedy: list[int]            # the reference's first greedy tokens after the prompt
     what: str                    # "transformers fp32" or why another reference
+    near_tie: str | None = None  # the prompt's closest router decision, when under NEAR_TIE (see router_near_tie)
+
+
+# A router whose k-th and (k+1)-th expert logits are closer than this for some prompt token can be flipped
+# by bf16 rounding: that token then takes another expert, and its log-probs and every later token's move
+# (seen: Mixtral-8x7B's synthetic weights at 2 layers, margin 0.009, 0.32-0.34 nats for vLLM and llama.cpp).
+NEAR_TIE = 0.02
+
+
+def _router_hooks(model, margins: list):
+    """Forward hooks on every MoE router (`mlp.gate`) recording (layer, token, k-th minus (k+1)-th logit)."""
+    k = int(getattr(model.config, "num_experts_per_tok", 0) or 0)
+    hooks = []
+    if not k:
+        return hooks
+    for i, layer in enumerate(getattr(getattr(model, "model", None), "layers", [])):
+        gate = getattr(getattr(layer, "mlp", None), "gate", None)
+        if gate is None:
+            continue
+
+        def hook(mod, inp, out, i=i):
+            logits = (out[0] if isinstance(out, tuple) else out).float()
+            if logits.dim() != 2 or logits.shape[-1] <= k:
+                return
+            top = logits.topk(k + 1, dim=-1).values
+            gap = top[:, k - 1] - top[:, k]
+            t = int(gap.argmin())
+            margins.append((float(gap[t]), i, t))
+        hooks.append(gate.register_forward_hook(hook))
+    return hooks
+
+
+def router_near_tie(margins: list) -> str | None:
+    """Words for the closest router decision of the prompt, if it is under NEAR_TIE."""
+    if not margins:
+        return None
+    m, layer, tok = min(margins)
+    if m >= NEAR_TIE:
+        return None
+    return (f"the reference's router in layer {layer + 1} has prompt token {tok}'s k-th and (k+1)-th expert "
+            f"logits {m:.3g} apart (< {NEAR_TIE}): bf16 rounding can send that token to another expert, so "
+            f"a mismatch may be the synthetic weights' near-tie, not the engine's error")
 
 
 @torch.inference_mode()
@@ -111,18 +153,23 @@ def reference(ck, ids: torch.Tensor, mem_budget: int, echo=print) -> Reference:
     for d in ("fp32",) if fits else ("fp32", "bf16"):
         if cached[d].exists():
             c = torch.load(cached[d])   # a bf16 one says this run's budget, not the one it was made under
-            return Reference(ids, c["logits"], c["greedy"], what if d == "bf16" else c["what"])
+            return Reference(ids, c["logits"], c["greedy"], what if d == "bf16" else c["what"], c.get("near_tie"))
     cache_file = cached["fp32" if fits else "bf16"]
     dtype = torch.float32 if fits else torch.bfloat16
     echo(f"  reference: {what}")
     m = load(ck.path, dtype, experts="eager")
+    margins: list = []
+    hooks = _router_hooks(m, margins)
     with torch.inference_mode():
         logits = m(input_ids=ids).logits[0].float()
+    for h in hooks:
+        h.remove()
+    near_tie = router_near_tie(margins)
     greedy = _greedy(m, ids, GREEDY_STEPS)
     del m
     gc.collect()
-    torch.save({"logits": logits, "greedy": greedy, "what": what}, cache_file)
-    return Reference(ids, logits, greedy, what)
+    torch.save({"logits": logits, "greedy": greedy, "what": what, "near_tie": near_tie}, cache_file)
+    return Reference(ids, logits, greedy, what, near_tie)
 
 
 @torch.inference_mode()
