@@ -467,7 +467,7 @@ def make_plan(out: Path, quick: bool, only: list[str] | None = None, backends: s
             if sp.path.exists():
                 done = ResultStore(sp.path, op=sweep.op).done_keys()
             for pt in points:
-                need = runner.memory_needed(pt.problem, pt.problem.rotation_groups(llc), names)
+                need = runner.memory_needed(pt.problem, pt.problem.rotation_groups(llc), names[:1])  # the rest: rows that say so
                 if avail and need > avail:
                     sp.left_out.append(f"{pt.problem}: needs {need / 2**30:.1f} GiB, "
                                        f"{avail / 2**30:.1f} GiB available")

@@ -297,3 +297,30 @@ def test_fig15_from_numa_rows(tmp_path):
     assert invoke("ffn", *FAST, "--tokens", "1", "--out", str(plain)).exit_code == 0
     r = CliRunner().invoke(cli, ["figure", "fig15", str(plain)])
     assert r.exit_code == 2 and "--numa interleave" in r.output
+
+
+class Hungry(Backend):
+    name = "test:hungry"
+    description = "prepare() would take 1 TiB more (a peer's copies of the weights, estimated)"
+
+    @classmethod
+    def extra_bytes_estimate(cls, weight_bytes_allocated):
+        return 1 << 40
+
+    def run(self, group):
+        raise AssertionError("never called: it does not fit beside the others")
+
+
+def test_a_backend_that_does_not_fit_beside_the_others_is_a_row_and_the_rest_run(monkeypatch, tmp_results):
+    """Every peer's process holds its own copies of the weights through the interleaved rounds: the ones
+    that do not fit beside the earlier ones become `unavailable` rows that say so; the others run."""
+    registry._load()
+    monkeypatch.setitem(registry.REGISTRY, Hungry.name, Hungry)
+    r = invoke("ffn", *FAST[:2], "--backends", "torch,test:hungry", "--tokens", "1", "--rounds", "1",
+               "--min-time", "0.01", "--threads", "1", "--out", str(tmp_results))
+    assert r.exit_code == 0, r.output
+    rows = {row["backend"]: row for row in read_rows(tmp_results)}
+    assert rows["torch"]["status"] == "ok"
+    assert rows["test:hungry"]["status"] == "unavailable"
+    assert "not run beside the other 1 backend(s)" in rows["test:hungry"]["reason"]
+    assert "run it with fewer --backends" in rows["test:hungry"]["reason"]

@@ -53,13 +53,21 @@ def memory_needed(problem: Problem, groups: int, backend_names: list[str]) -> in
     return problem.memory_needed(groups, extra)
 
 
-def check_memory(problem: Problem, groups: int, backend_names: list[str]) -> None:
-    need = memory_needed(problem, groups, backend_names)
+def check_memory(problem: Problem, groups: int, backend_names: list[str]) -> list[str]:
+    """The backends, in order, that fit in memory together (their processes are alive side by side through
+    the interleaved rounds). A point where not even the first fits is refused, saying how much is needed."""
     avail = meminfo().get("MemAvailable", 0)
-    if avail and need > avail:
+    fit: list[str] = []
+    for n in backend_names:
+        if avail and memory_needed(problem, groups, fit + [n]) > avail:
+            continue
+        fit.append(n)
+    if backend_names and not fit:
+        need = memory_needed(problem, groups, backend_names[:1])
         raise UserError(f"{problem} needs {need / 2**30:.1f} GiB ({groups} weight group(s) of "
                         f"{problem.group_bytes / 2**30:.2f} GiB plus backends' copies), but only "
                         f"{avail / 2**30:.1f} GiB is available (MemAvailable)")
+    return fit
 
 
 class _Timed:
@@ -168,7 +176,6 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
         progress(None, cfg.rounds * (len(timed) - len(todo)))
     if not todo:
         return []
-    check_memory(problem, groups, [t.name for t in todo])
     load_before = other_load(0.2)
     for t in todo:
         t.row.update(loadavg_before=round(load_before, 2))
@@ -181,6 +188,17 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
             _fail(t, getattr(cls, "missing_status", "unsupported"), why)
             continue
         t.active = True
+    # -- memory: the backends that can run, side by side (each peer's process holds its own copies)
+    wanted = [t.name for t in todo if t.active]
+    fit = check_memory(problem, groups, wanted)
+    if len(fit) < len(wanted):
+        need = memory_needed(problem, groups, wanted) / 2**30
+        avail = meminfo().get("MemAvailable", 0) / 2**30
+        for t in todo:
+            if t.active and t.name not in fit:
+                _fail(t, "unavailable", f"not run beside the other {len(fit)} backend(s) of this point: all "
+                                        f"{len(wanted)} together need {need:.1f} GiB (their copies of the weights), "
+                                        f"{avail:.1f} GiB is available; run it with fewer --backends")
     if any(t.active for t in todo) and data is None:
         data = problem.materialize(numa=point.numa)
     placement = data.placement() if data is not None else {}
