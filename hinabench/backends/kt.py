@@ -83,7 +83,8 @@ class KtAmxFp8(_Kt):
 
 # ---- worker side ----------------------------------------------------------------------------------
 _FP8 = ("fp8", "amxfp8")   # the same weights and scales: e4m3 bytes, [E, N/128, K/128] fp32 block scales
-_CLASSES = {"amxbf16": "AMXBF16_MOE", "avx2bf16": "AVX2BF16_MOE", "llamafile": "MOE", "fp8": "AVX2FP8_MOE", "amxfp8": "AMXFP8_MOE"}
+_CLASSES = {"amxbf16": "AMXBF16_MOE", "avx2bf16": "AVX2BF16_MOE", "llamafile": "MOE", "fp8": "AVX2FP8_MOE",
+            "amxfp8": "AMXFP8_MOE"}
 
 
 class KtPeer:

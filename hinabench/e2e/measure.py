@@ -82,6 +82,10 @@ class Reference:
     what: str                    # "transformers fp32" or why another reference
     near_tie: str | None = None  # the prompt's closest router decision, when under NEAR_TIE (see router_near_tie)
 
+    def why_wrong(self, reason: str) -> str:
+        """A mismatch's reason, with the reference's router near-tie when it has one."""
+        return reason + (f"; {self.near_tie}" if self.near_tie else "")
+
 
 # A router whose k-th and (k+1)-th expert logits are closer than this for some prompt token can be flipped
 # by bf16 rounding: that token then takes another expert, and its log-probs and every later token's move

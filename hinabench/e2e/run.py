@@ -169,8 +169,7 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
                      validation=f"teacher-forced logits of {ref.ids.shape[1]} tokens vs {ref.what}; argmax agree "
                                 f"{v['argmax_agree']:.2f} (random weights: near-uniform logits, argmax fragile)",
                      logit_rel_err_hf=hf_err, logprob_err=v["logprob_err"], status="ok" if v["ok"] else "wrong",
-                     reason=None if v["ok"] else f"logits rel_err {v['rel_err']:.3g} > {M.LOGIT_TOLERANCE}"
-                     + (f"; {ref.near_tie}" if ref.near_tie else ""),
+                     reason=None if v["ok"] else ref.why_wrong(f"logits rel_err {v['rel_err']:.3g} > {M.LOGIT_TOLERANCE}"),
                      warmup=1)
             rows[(eng, p)] = r
     samples: dict[tuple, list] = {k: [] for k in rows}
@@ -321,8 +320,7 @@ def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str, hf_lp: float | No
                  rel_err=err, tolerance=tolerance, greedy_match=f"{match}/{len(ref.greedy)}",
                  validation=f"max |delta log-prob| of {len(got)} prompt tokens vs {ref.what} (prompt_logprobs){own}",
                  logprob_err=err, logprob_err_hf=hf_lp, status="ok" if ok else "wrong",
-                 reason=None if ok else (f"prompt log-probs differ by {err:.3g} nats > {tolerance}{own}"
-                                         + (f"; {ref.near_tie}" if ref.near_tie else "")),
+                 reason=None if ok else ref.why_wrong(f"prompt log-probs differ by {err:.3g} nats > {tolerance}{own}"),
                  load_other_cpus=round(other_cpus, 2), warmup=0)
         if not pt.get("ttft_s"):
             r.update(status="unsupported", reason=f"{engine}: no samples at batch {p.batch} "

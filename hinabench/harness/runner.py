@@ -53,9 +53,10 @@ def memory_needed(problem: Problem, groups: int, backend_names: list[str]) -> in
     return problem.memory_needed(groups, extra)
 
 
-def check_memory(problem: Problem, groups: int, backend_names: list[str]) -> list[str]:
-    """The backends, in order, that fit in memory together (their processes are alive side by side through
-    the interleaved rounds). A point where not even the first fits is refused, saying how much is needed."""
+def check_memory(problem: Problem, groups: int, backend_names: list[str]) -> tuple[list[str], int, int]:
+    """(the backends, in order, that fit in memory together, bytes all of them need, bytes available):
+    their processes are alive side by side through the interleaved rounds. A point where not even the
+    first fits is refused, saying how much is needed."""
     avail = meminfo().get("MemAvailable", 0)
     fit: list[str] = []
     for n in backend_names:
@@ -67,7 +68,7 @@ def check_memory(problem: Problem, groups: int, backend_names: list[str]) -> lis
         raise UserError(f"{problem} needs {need / 2**30:.1f} GiB ({groups} weight group(s) of "
                         f"{problem.group_bytes / 2**30:.2f} GiB plus backends' copies), but only "
                         f"{avail / 2**30:.1f} GiB is available (MemAvailable)")
-    return fit
+    return fit, memory_needed(problem, groups, backend_names), avail
 
 
 class _Timed:
@@ -190,15 +191,12 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
         t.active = True
     # -- memory: the backends that can run, side by side (each peer's process holds its own copies)
     wanted = [t.name for t in todo if t.active]
-    fit = check_memory(problem, groups, wanted)
-    if len(fit) < len(wanted):
-        need = memory_needed(problem, groups, wanted) / 2**30
-        avail = meminfo().get("MemAvailable", 0) / 2**30
-        for t in todo:
-            if t.active and t.name not in fit:
-                _fail(t, "unavailable", f"not run beside the other {len(fit)} backend(s) of this point: all "
-                                        f"{len(wanted)} together need {need:.1f} GiB (their copies of the weights), "
-                                        f"{avail:.1f} GiB is available; run it with fewer --backends")
+    fit, need, avail = check_memory(problem, groups, wanted)
+    for t in todo:
+        if t.active and t.name not in fit:
+            _fail(t, "unavailable", f"not run beside the other {len(fit)} backend(s) of this point: all "
+                                    f"{len(wanted)} together need {need / 2**30:.1f} GiB (their copies of the "
+                                    f"weights), {avail / 2**30:.1f} GiB is available; run it with fewer --backends")
     if any(t.active for t in todo) and data is None:
         data = problem.materialize(numa=point.numa)
     placement = data.placement() if data is not None else {}
