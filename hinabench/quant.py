@@ -8,6 +8,9 @@ Two schemes (hinabench/dtypes.py has their table entries):
         [-127, 127] (never -128: the AVX2 kernel's sign trick and pair sums rely on it).
         W8A8: activations are quantized the same way at run time, per token and group of g along K
         (`quantize_act`), and the SiLU(gate)*up intermediate again before the down projection.
+        Per-channel (`quantize_int8_channel`): the group is all of K, one scale per row; the scheme
+        the int8 peers use (vLLM-CPU/SGLang's INT8 W8A8, KTransformers' AMXInt8_MOE), activations per
+        token over all of K. Their rows are validated against this scheme's quantized reference.
   fp8   e4m3 (torch.float8_e4m3fn) with 128 x 128 block scales, DeepSeek-V3's checkpoint format:
         q [E, N, K] and `weight_scale_inv` fp32 [E, ceil(N/128), ceil(K/128)] that multiplies:
         w ~ q * scale_inv, scale_inv = max|w over the block| / 448. Weight-only (W8A16): the
@@ -95,8 +98,18 @@ def _as3(w: torch.Tensor) -> torch.Tensor:
 
 def quantize_int8(w: torch.Tensor, group: int = INT8_DEFAULT_GROUP) -> QuantWeight:
     """Group-wise symmetric int8 of w [E, N, K] (or [N, K]); K must be a multiple of `group`."""
-    g = check_group(group)
+    return _quantize_int8(_as3(w), check_group(group))
+
+
+def quantize_int8_channel(w: torch.Tensor) -> QuantWeight:
+    """Per-channel symmetric int8 of w [E, N, K]: one fp32 scale per output row (a group of all K), the
+    scheme of vLLM-CPU's INT8 W8A8 MoE (SGLang's kernel) and KTransformers' AMXInt8_MOE, whose
+    activations are quantized per token over all of K (`quantize_act` with group = K)."""
     w3 = _as3(w)
+    return _quantize_int8(w3, w3.shape[2])
+
+
+def _quantize_int8(w3: torch.Tensor, g: int) -> QuantWeight:
     E, N, K = w3.shape
     if K % g:
         raise ValueError(f"the group size {g} does not divide K={K}")
@@ -172,22 +185,35 @@ def fake_quant_act(x: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def moe_ffn_quant_reference(x: torch.Tensor, w_gate: QuantWeight, w_up: QuantWeight, w_down: QuantWeight,
-                            topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+                            topk_ids: torch.Tensor, topk_weights: torch.Tensor, bf16_gate_up: bool = False,
+                            bf16_h: bool = False, bf16_w: bool = False) -> torch.Tensor:
     """The quantized reference, fp32: dequantized weights and, for int8 (W8A8), the same activation
     quantization as the kernels (x per token/group before gate and up; SiLU(gate)*up per token/group
-    before down). fp8 is weight-only: x and the intermediate stay as they are (fp32)."""
+    before down). fp8 is weight-only: x and the intermediate stay as they are (fp32).
+    `bf16_gate_up`, `bf16_h`: the gate/up outputs, the intermediate SiLU(gate)*up, rounded to bf16 as a
+    kernel that stores them in bf16 does before re-quantizing (hina keeps them fp32; a peer may not, and
+    W8A8's re-quantization turns that rounding into whole quantization steps: ~1% of the output);
+    `bf16_w`: the dequantized weights rounded to bf16, as a kernel that unpacks fp8 to bf16 computes on."""
     T, H = x.shape
     w8a8 = w_gate.scheme == "int8"
-    g = w_gate.group
+    g, g_down = w_gate.group, w_down.group   # the activations' groups: as the weights' along K
     xf = fake_quant_act(x, g) if w8a8 else x.float()
     out = torch.zeros(T, w_down.shape[1], dtype=torch.float32)
     ids = topk_ids.long()
     for e in torch.unique(ids).tolist():
         tok, slot = torch.nonzero(ids == e, as_tuple=True)
         xe = xf[tok]
-        h = F.silu(F.linear(xe, w_gate.dequantize(e))) * F.linear(xe, w_up.dequantize(e))
+        wg, wu, wd = w_gate.dequantize(e), w_up.dequantize(e), w_down.dequantize(e)
+        if bf16_w:
+            wg, wu, wd = wg.bfloat16().float(), wu.bfloat16().float(), wd.bfloat16().float()
+        gate, up = F.linear(xe, wg), F.linear(xe, wu)
+        if bf16_gate_up:
+            gate, up = gate.bfloat16().float(), up.bfloat16().float()
+        h = F.silu(gate) * up
+        if bf16_h:
+            h = h.bfloat16().float()
         if w8a8:
-            h = fake_quant_act(h, g)
-        y = F.linear(h, w_down.dequantize(e))
+            h = fake_quant_act(h, g_down)
+        y = F.linear(h, wd)
         out.index_add_(0, tok, y * topk_weights[tok, slot].float().unsqueeze(1))
     return out

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from hinabench import kernels, quant
 from hinabench.dtypes import get_dtype
+from hinabench.backends import Backend
 from hinabench.errors import UserError
 from hinabench.problems import FFNProblem
 from hinabench.problems.ffn import moe_ffn_reference
@@ -301,3 +302,69 @@ def test_quant_targets_are_judged_and_missing_comparisons_are_na():
     # an ISA with no FP8 micro-kernel (AMX): its INT8 is judged against hina's fastest FP8 path, named
     amx = {(x.T, x.target): x for x in judge_quant(rows + [r("int8", "hina:amx", 1, 11.0, eff=0.8)], "hina:amx")}
     assert amx[(1, "fp8 vs int8")].got == f"{11.0 / 12.0:.2f}x" and "hina:avx2" in amx[(1, "fp8 vs int8")].why
+
+
+# ---- peers with a scheme of their own (Backend.quant_scheme) -------------------------------------------
+def test_per_channel_int8_is_group_k_and_its_reference_follows_the_rounding_points():
+    torch.manual_seed(3)
+    w = torch.randn(2, 16, 256).bfloat16()
+    ch = quant.quantize_int8_channel(w)
+    assert ch.scale.shape == (2, 16, 1) and ch.group == 256
+    amax = w.float().abs().amax(dim=2)
+    assert torch.equal(ch.scale[..., 0], amax / 127)
+    assert (ch.dequantize() - w.float()).abs().le(ch.scale / 2 + 1e-7).all()
+    p = FFNProblem.custom(256, 128, tokens=4, dtype="int8", group=64)
+    data = p.materialize(rotate=False)
+    # the per-channel reference, written out: weights per row, activations per token over all of K
+    q13, qd = quant.quantize_int8_channel(data.w13), quant.quantize_int8_channel(data.w_down)
+    xs = quant.fake_quant_act(data.x, 256)
+    out = torch.zeros(4, 256)
+    for t in range(4):
+        for k in range(p.A):
+            e = int(data.topk_ids[0][t, k])
+            w13 = q13.dequantize(e)
+            h = torch.nn.functional.silu(w13[:128] @ xs[t]) * (w13[128:] @ xs[t])
+            hq = quant.fake_quant_act(h.bfloat16().float()[None], 128)[0]
+            out[t] += data.topk_weights[t, k] * (qd.dequantize(e) @ hq)
+    assert rel_err(data.scheme_reference("int8-channel+bf16h"), out) < 1e-5
+    assert data.scheme_reference(None) is data.reference(0)
+    assert rel_err(data.scheme_reference("int8-channel"), data.reference(0)) > 5e-3   # another scheme
+    assert data.scheme_quant_err("int8-channel") > 0
+    with pytest.raises(ValueError, match="no reference"):
+        data.scheme_reference("int4-channel")
+    with pytest.raises(ValueError, match="no reference"):
+        data.scheme_reference("int8-channel+bf16x")
+
+
+class _PerChannelPeer(Backend):
+    """An int8 peer that quantizes per channel itself, as vLLM's and kt's INT8 MoE do."""
+    name = "test:int8-channel"
+    description = "per-channel W8A8, fp32 intermediates"
+    dtypes = ("int8",)
+    quant_scheme = "int8-channel"
+
+    def run(self, group):
+        return self.data.scheme_reference("int8-channel", group).bfloat16()
+
+
+class _PerChannelUnderGroupwise(_PerChannelPeer):
+    name = "test:int8-channel-claimed-groupwise"
+    quant_scheme = None
+
+
+def test_a_peers_own_scheme_is_its_reference_and_its_bytes(monkeypatch):
+    from hinabench import backends as registry
+    from hinabench.harness.runner import RunConfig, run_point
+    registry._load()
+    for cls in (_PerChannelPeer, _PerChannelUnderGroupwise):
+        monkeypatch.setitem(registry.REGISTRY, cls.name, cls)
+    p = FFNProblem.custom(256, 128, tokens=2, dtype="int8", group=64)
+    rows = {r["backend"]: r for r in run_point(p, [_PerChannelPeer.name, _PerChannelUnderGroupwise.name], 1,
+                                               RunConfig(rounds=1, min_time=0.001, warmup=0))}
+    own, claimed = rows[_PerChannelPeer.name], rows[_PerChannelUnderGroupwise.name]
+    assert own["status"] == "ok" and own["rel_err"] < 5e-3
+    assert claimed["status"] == "wrong"          # judged against hina's group-wise reference
+    assert own["quant_err"] != claimed["quant_err"]
+    # bytes: int8 weights + one fp32 scale per row, not the group-wise scales
+    assert own["weight_bytes"] == p.touched_experts() * (3 * 256 * 128 + 4 * (2 * 128 + 256))
+    assert claimed["weight_bytes"] == p.weight_bytes

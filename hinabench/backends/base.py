@@ -31,6 +31,18 @@ class Backend(ABC):
     # Bytes of weights it reads per element, against the problem's dtype (BF16 = 1.0): a backend that
     # quantizes on its own (llama.cpp Q8_0: 34 bytes per 32 weights) is judged on what it reads.
     weight_bytes_factor: ClassVar[float] = 1.0
+    # A quantized problem's peer that quantizes in a scheme of its own ("int8-channel": one scale per
+    # output row, activations per token; "+bf16gu", "+bf16h": it stores the gate/up outputs, the
+    # intermediate, in bf16 before re-quantizing) is validated against that scheme's reference
+    # (FFNData.scheme_reference), and judged on that scheme's bytes; None: the problem's own scheme.
+    quant_scheme: ClassVar[str | None] = None
+
+    @classmethod
+    def read_bytes(cls, problem) -> int:
+        """Bytes of weights (and scales) one call reads, as the roofline counts them."""
+        if (cls.quant_scheme or "").startswith("int8-channel"):   # int8 weights + one fp32 scale per output row
+            return problem.touched_experts() * (3 * problem.H * problem.I + 4 * (2 * problem.I + problem.H))
+        return int(problem.weight_bytes * cls.weight_bytes_factor)
 
     def __init__(self, threads: int):
         self.threads = threads

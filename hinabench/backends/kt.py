@@ -13,6 +13,13 @@ load_weights_task (the operator packs its own copy: counted in extra_bytes) and 
                  AMXInt8_MOE, the paper's Figure 11 peer, is in the AMX build only): no `kt` int8 row here.
 - `kt:amxfp8`    moe.AMXFP8_MOE: the FP8 operator of kt's AMX build, on the same weights and scales as
                  `kt:fp8` (first run on an AMX Xeon, 2026-12-01)
+- `kt:amxint8`   moe.AMXInt8_MOE: the INT8 operator of kt's AMX build (the paper's Figure 11 peer), given
+                 the BF16 weights as KTransformers' own loader does without a converted checkpoint: it
+                 quantizes them itself at load, one scale per output row, and the activations per token
+                 (W8A8, per-channel). Its rows are int8 rows validated against that scheme's reference,
+                 not hina's group-wise one, with the gate/up outputs and SiLU(gate)*up rounded to bf16
+                 before the re-quantization as kt stores them (quant_scheme "int8-channel+bf16gu+bf16h":
+                 2.4e-3 from it on Qwen3's shape, 9.9e-3 from the fp32-intermediate one; 2026-12-01).
 A class the loaded build does not have is an `unsupported` row naming the build.
 """
 from __future__ import annotations
@@ -81,10 +88,21 @@ class KtAmxFp8(_Kt):
                    "block scales) on the problem's fp8 e4m3 weights, on its packed copy")
 
 
+@register
+class KtAmxInt8(_Kt):
+    name = "kt:amxint8"
+    variant = "amxint8"
+    dtypes = ("int8",)
+    quant_scheme = "int8-channel+bf16gu+bf16h"
+    extra_copy_factor = 0.6
+    description = ("KTransformers kt-kernel moe.AMXInt8_MOE (its AMX build's INT8 W8A8 operator): the BF16 "
+                   "weights quantized by kt at load, per output row, activations per token; on its packed copy")
+
+
 # ---- worker side ----------------------------------------------------------------------------------
 _FP8 = ("fp8", "amxfp8")   # the same weights and scales: e4m3 bytes, [E, N/128, K/128] fp32 block scales
 _CLASSES = {"amxbf16": "AMXBF16_MOE", "avx2bf16": "AVX2BF16_MOE", "llamafile": "MOE", "fp8": "AVX2FP8_MOE",
-            "amxfp8": "AMXFP8_MOE"}
+            "amxfp8": "AMXFP8_MOE", "amxint8": "AMXInt8_MOE"}
 
 
 class KtPeer:
@@ -167,7 +185,8 @@ class KtPeer:
             ours = self.gate.numel() + self.up.numel() + self.down.numel() + sum(4 * s.numel() for s in self.scales)
             return 2 * ours
         ours = 2 * self.gate.numel() * 2
-        packed = 0 if self.variant == "llamafile" else (self.data.w13.numel() + self.data.w_down.numel()) * 2
+        per = 1 if self.variant == "amxint8" else 2   # bytes per weight of its packed copy
+        packed = 0 if self.variant == "llamafile" else (self.data.w13.numel() + self.data.w_down.numel()) * per
         return ours + packed
 
     def versions(self) -> dict:

