@@ -352,15 +352,23 @@ class _PerChannelUnderGroupwise(_PerChannelPeer):
     quant_scheme = None
 
 
+class _Fp8OnlyPeer(_PerChannelPeer):
+    name = "test:fp8-bf16w"
+    dtypes = ("fp8",)
+    quant_scheme = "fp8+bf16w"
+
+
 def test_a_peers_own_scheme_is_its_reference_and_its_bytes(monkeypatch):
     from hinabench import backends as registry
     from hinabench.harness.runner import RunConfig, run_point
     registry._load()
-    for cls in (_PerChannelPeer, _PerChannelUnderGroupwise):
+    peers = (_PerChannelPeer, _PerChannelUnderGroupwise, _Fp8OnlyPeer)
+    for cls in peers:
         monkeypatch.setitem(registry.REGISTRY, cls.name, cls)
     p = FFNProblem.custom(256, 128, tokens=2, dtype="int8", group=64)
-    rows = {r["backend"]: r for r in run_point(p, [_PerChannelPeer.name, _PerChannelUnderGroupwise.name], 1,
+    rows = {r["backend"]: r for r in run_point(p, [c.name for c in peers], 1,
                                                RunConfig(rounds=1, min_time=0.001, warmup=0))}
+    assert rows[_Fp8OnlyPeer.name]["status"] == "unsupported"   # an fp8 peer in an int8 sweep: a row
     own, claimed = rows[_PerChannelPeer.name], rows[_PerChannelUnderGroupwise.name]
     assert own["status"] == "ok" and own["rel_err"] < 5e-3
     assert claimed["status"] == "wrong"          # judged against hina's group-wise reference

@@ -215,7 +215,6 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
         if not t.active:
             continue
         cls = backend_registry.get(t.name)
-        ref = data.scheme_reference(cls.quant_scheme, 0) if cls.quant_scheme else data.reference(0)
         try:
             t.backend = cls(threads)
             t0 = time.perf_counter()
@@ -225,6 +224,7 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
             if callable(own) and own() is not None:
                 t.row["prepare_ms"] = own()
             out = t.backend.run(0)
+            ref = data.scheme_reference(cls.quant_scheme, 0) if cls.quant_scheme else data.reference(0)
             err = rel_err(out, ref)
             t.row["rel_err"] = err
             t.row["extra_bytes"] = t.backend.extra_bytes()
