@@ -16,8 +16,22 @@
 // intel-f6m167-2t-1n/fig11-amx.csv) it passes every test and is 1.66x hina BF16 at Mixtral T = 1, but
 // reaches only 0.62-0.69 of the roofline on Mixtral at T <= 8 and 0.27-0.40 on Qwen3-30B-A3B's small
 // experts, slower there than the AVX2 INT8 kernel on the same CPU (1.95 vs 2.86 ms at T = 1): with
-// g = 128 a C tile lives for two tdpbssd before its scale step, so the scalar scale pass, not the
-// tiles, sets the pace. kt-kernel's AMX INT8 keeps one scale per row for this reason.
+// g = 128 a C tile lives for two tdpbssd before its scale step. perf (cpu-clock, Qwen3 T = 1) says
+// otherwise, though: ~70% of the samples sit on the W TILELOADDT1s and the scale pass barely shows;
+// each A tile is 16 lines from 16 rows, and with 16 tiles of state there are few loads in flight.
+// Tried and not kept (2026-12-01, same machine, interleaved runs, 2 threads): two A tiles per B
+// tile (32 rows a step, tmm3 and tmm6), the scales of a group as one 16-token vector (the scale pass
+// vectorized), and the next 32 rows prefetched into L2 at the same offsets: Qwen3 T = 1 / 4 / 16
+// 2.82 / 3.15 / 3.71 ms against 2.86 / 3.47 / 4.29 before, but Mixtral T = 1 / 16 29.7 / 33.4 ms
+// against 15.1 / 19.5 (the prefetches stall on full fill buffers: 16% of the samples), and still
+// 19.3 / 22.3 ms without the prefetch.
+// Kept instead: with M <= 4 tokens an expert's gate/up and down run on the AVX-512 VNNI kernel
+// (quant_avx512.cpp, vpdpbusd on the same int8 rows; every AMX CPU has it), as SGLang's and
+// kt-kernel's INT8 MoE use AVX-512 for few tokens and AMX for many: Qwen3 T = 1 / 2 / 4 1.81 / 1.92 /
+// 2.11 ms against the tiles' 2.82 / 3.15 / 3.11, Mixtral 12.7 / 13.9 / 14.6 against 15.1 / 15.4 /
+// 16.6. The dispatch is by the expert's M, the same in the pack and the tiles' calls, so one call
+// mixes both for experts of different M. The emulated build runs the tiles for every M (so the tests
+// cover their logic at small M too).
 //
 // Built twice from this one source: for real (-mamx-int8 ..., `_C`, isa "amx") and against
 // emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated").
@@ -136,9 +150,39 @@ void amx_down(const QDownTask& t) {
 #else
 #define HINA_QUANT_AMX_ISA "amx", Dtype::int8, "amx"
 #endif
+#if defined(HINA_EMU_AMX)
 const QuantMicroKernel quant_microkernel_amx_int8{
     HINA_QUANT_AMX_ISA, /*task_rows=*/64, amx_packed_bytes, amx_pack_tokens, amx_pack_act, amx_gate_up,
     amx_down};
+#else
+namespace {
+// Few tokens: the AVX-512 VNNI kernel (see the header); its operand layout, packed and read by it.
+constexpr int kVnniMaxM = 4;
+inline const QuantMicroKernel& vnni() { return quant_microkernel_avx512_int8; }
+size_t mixed_packed_bytes(int M, int K, int group) {
+  return M <= kVnniMaxM ? vnni().packed_bytes(M, K, group) : amx_packed_bytes(M, K, group);
+}
+void mixed_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int group, void* I) {
+  if (M <= kVnniMaxM) vnni().pack_tokens(x, ldx, rows, M, K, group, I);
+  else amx_pack_tokens(x, ldx, rows, M, K, group, I);
+}
+void mixed_pack_act(const float* act, int M, int K, int group, void* out) {
+  if (M <= kVnniMaxM) vnni().pack_act(act, M, K, group, out);
+  else amx_pack_act(act, M, K, group, out);
+}
+void mixed_gate_up(const QGateUpTask& t) {
+  if (t.M <= kVnniMaxM) vnni().gate_up(t);
+  else amx_gate_up(t);
+}
+void mixed_down(const QDownTask& t) {
+  if (t.M <= kVnniMaxM) vnni().down(t);
+  else amx_down(t);
+}
+}  // namespace
+const QuantMicroKernel quant_microkernel_amx_int8{
+    HINA_QUANT_AMX_ISA, /*task_rows=*/64, mixed_packed_bytes, mixed_pack_tokens, mixed_pack_act, mixed_gate_up,
+    mixed_down};
+#endif
 #undef HINA_QUANT_AMX_ISA
 
 }  // namespace hina
