@@ -186,14 +186,15 @@ def fake_quant_act(x: torch.Tensor, group: int) -> torch.Tensor:
 
 def moe_ffn_quant_reference(x: torch.Tensor, w_gate: QuantWeight, w_up: QuantWeight, w_down: QuantWeight,
                             topk_ids: torch.Tensor, topk_weights: torch.Tensor, bf16_gate_up: bool = False,
-                            bf16_h: bool = False, bf16_w: bool = False) -> torch.Tensor:
+                            bf16_h: bool = False, bf16_w: bool = False, bf16_y: bool = False) -> torch.Tensor:
     """The quantized reference, fp32: dequantized weights and, for int8 (W8A8), the same activation
     quantization as the kernels (x per token/group before gate and up; SiLU(gate)*up per token/group
     before down). fp8 is weight-only: x and the intermediate stay as they are (fp32).
     `bf16_gate_up`, `bf16_h`: the gate/up outputs, the intermediate SiLU(gate)*up, rounded to bf16 as a
     kernel that stores them in bf16 does before re-quantizing (hina keeps them fp32; a peer may not, and
     W8A8's re-quantization turns that rounding into whole quantization steps: ~1% of the output);
-    `bf16_w`: the dequantized weights rounded to bf16, as a kernel that unpacks fp8 to bf16 computes on."""
+    `bf16_w`: the dequantized weights rounded to bf16, as a kernel that unpacks fp8 to bf16 computes on;
+    `bf16_y`: each expert's weighted output rounded to bf16 before the experts' sum."""
     T, H = x.shape
     w8a8 = w_gate.scheme == "int8"
     g, g_down = w_gate.group, w_down.group   # the activations' groups: as the weights' along K
@@ -214,6 +215,8 @@ def moe_ffn_quant_reference(x: torch.Tensor, w_gate: QuantWeight, w_up: QuantWei
             h = h.bfloat16().float()
         if w8a8:
             h = fake_quant_act(h, g_down)
-        y = F.linear(h, wd)
-        out.index_add_(0, tok, y * topk_weights[tok, slot].float().unsqueeze(1))
+        y = F.linear(h, wd) * topk_weights[tok, slot].float().unsqueeze(1)
+        if bf16_y:
+            y = y.bfloat16().float()
+        out.index_add_(0, tok, y)
     return out

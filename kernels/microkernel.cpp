@@ -37,10 +37,10 @@ const std::vector<const QuantMicroKernel*>& quant_microkernels() {
 #if defined(HINA_EMU_AVX512)
       &quant_microkernel_avx512_int8,
 #elif defined(HINA_EMU_AMX)
-      &quant_microkernel_amx_int8,
+      &quant_microkernel_amx_int8, &quant_microkernel_amx_fp8,
 #else
       &quant_microkernel_avx2_int8, &quant_microkernel_avx2_fp8, &quant_microkernel_avx512_int8,
-      &quant_microkernel_amx_int8,
+      &quant_microkernel_amx_int8, &quant_microkernel_amx_fp8,
 #endif
   };
   return table;

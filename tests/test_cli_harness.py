@@ -304,7 +304,7 @@ class Hungry(Backend):
     description = "prepare() would take 1 TiB more (a peer's copies of the weights, estimated)"
 
     @classmethod
-    def extra_bytes_estimate(cls, weight_bytes_allocated):
+    def extra_bytes_estimate(cls, weight_bytes_allocated, problem_bytes_allocated=0):
         return 1 << 40
 
     def run(self, group):

@@ -19,7 +19,7 @@ AVX2 = kernels.isa_status("avx2")[0]
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="this CPU lacks AVX2")
 # every quantized micro-kernel this machine can run: the real ones, and the AVX-512 VNNI source on SIMDe
 INT8_ISAS = [i for i in ("avx2", "avx512", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
-FP8_ISAS = [i for i in ("avx2",) if kernels.isa_status(i)[0]]
+FP8_ISAS = [i for i in ("avx2", "amx", "amx-emulated") if kernels.isa_status(i)[0]]
 ISAS = {"int8": INT8_ISAS, "fp8": FP8_ISAS}
 
 
@@ -334,6 +334,12 @@ def test_per_channel_int8_is_group_k_and_its_reference_follows_the_rounding_poin
         data.scheme_reference("int4-channel")
     with pytest.raises(ValueError, match="no reference"):
         data.scheme_reference("int8-channel+bf16x")
+    # every rounding point moves the reference, and only by bf16 rounding
+    variants = ["int8-channel", "int8-channel+bf16gu", "int8-channel+bf16h", "int8-channel+bf16y",
+                "int8-channel+bf16w+bf16gu+bf16h+bf16y"]
+    refs = [data.scheme_reference(v) for v in variants]
+    for r in refs[1:]:
+        assert not torch.equal(r, refs[0]) and rel_err(r, refs[0]) < 2e-2
 
 
 class _PerChannelPeer(Backend):
@@ -376,3 +382,30 @@ def test_a_peers_own_scheme_is_its_reference_and_its_bytes(monkeypatch):
     # bytes: int8 weights + one fp32 scale per row, not the group-wise scales
     assert own["weight_bytes"] == p.touched_experts() * (3 * 256 * 128 + 4 * (2 * 128 + 256))
     assert claimed["weight_bytes"] == p.weight_bytes
+
+
+def test_vllm_fp8_is_validated_per_batch_as_its_kernel_picks_its_path():
+    from hinabench.backends.vllm import VllmFp8, VllmInt8
+    small, large = FFNProblem.create("qwen3-30b-a3b", 4, dtype="fp8"), FFNProblem.create("qwen3-30b-a3b", 5, dtype="fp8")
+    assert VllmFp8.scheme_for(small) == "fp8+bf16gu+bf16h+bf16y"
+    assert VllmFp8.scheme_for(large) == "fp8+bf16w+bf16gu+bf16h"
+    assert VllmInt8.scheme_for(small) == VllmInt8.quant_scheme == "int8-channel+bf16h"
+    d = FFNProblem.custom(256, 256, tokens=2, dtype="fp8").materialize(rotate=False)
+    assert rel_err(d.scheme_reference("fp8+bf16gu+bf16h+bf16y"), d.reference(0)) < 5e-3
+    with pytest.raises(ValueError, match="no reference"):
+        d.scheme_reference("int8-channel")     # a per-channel int8 scheme on an fp8 problem
+
+
+def test_a_workers_memory_estimate_counts_a_quantized_problems_bf16_source():
+    """A peer's worker materializes the whole problem: for int8 that is the BF16 source as well as the
+    int8 weights (3x their bytes), then its own copies; the kt:amxbf16 estimate once missed its copies."""
+    from hinabench.backends.kt import KtAmxBf16, KtAmxInt8
+    p = FFNProblem.create("mixtral-8x7b", 1, dtype="int8")
+    groups = 3
+    w, alloc = groups * p.group_bytes, p.allocated_bytes(groups)
+    assert alloc > 2.9 * w
+    assert KtAmxInt8.extra_bytes_estimate(w, alloc) == int(alloc + KtAmxInt8.extra_copy_factor * w)
+    b = FFNProblem.create("mixtral-8x7b", 1)
+    wb = groups * b.group_bytes
+    # its worker's copy, contiguous gate/up copies (2/3) and kt's packed copy (1)
+    assert KtAmxBf16.extra_bytes_estimate(wb, b.allocated_bytes(groups)) >= 2.6 * wb

@@ -32,10 +32,17 @@ class Backend(ABC):
     # quantizes on its own (llama.cpp Q8_0: 34 bytes per 32 weights) is judged on what it reads.
     weight_bytes_factor: ClassVar[float] = 1.0
     # A quantized problem's peer that quantizes in a scheme of its own ("int8-channel": one scale per
-    # output row, activations per token; "+bf16gu", "+bf16h": it stores the gate/up outputs, the
-    # intermediate, in bf16 before re-quantizing) is validated against that scheme's reference
+    # output row, activations per token; "+bf16w", "+bf16gu", "+bf16h", "+bf16y": it computes on weights
+    # unpacked to bf16, stores the gate/up outputs, the intermediate, each expert's weighted output in
+    # bf16) is validated against that scheme's reference
     # (FFNData.scheme_reference), and judged on that scheme's bytes; None: the problem's own scheme.
     quant_scheme: ClassVar[str | None] = None
+
+    @classmethod
+    def scheme_for(cls, problem) -> str | None:
+        """The scheme its rows of `problem` are validated against (quant_scheme unless it depends on
+        the problem, as a kernel whose numerics change with the batch does)."""
+        return cls.quant_scheme
 
     @classmethod
     def read_bytes(cls, problem) -> int:
@@ -90,8 +97,10 @@ class Backend(ABC):
         return 0
 
     @classmethod
-    def extra_bytes_estimate(cls, weight_bytes_allocated: int) -> int:
-        """Before allocating anything: how much more memory prepare() will take."""
+    def extra_bytes_estimate(cls, weight_bytes_allocated: int, problem_bytes_allocated: int = 0) -> int:
+        """Before allocating anything: how much more memory prepare() will take. weight_bytes_allocated:
+        the weights (and scales) of every rotation group in the problem's dtype; problem_bytes_allocated:
+        all the problem materializes (a quantized problem keeps its BF16 source too)."""
         return 0
 
     def versions(self) -> dict[str, str]:

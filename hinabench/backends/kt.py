@@ -32,6 +32,9 @@ class _Kt(WorkerBackend):
     env_name = "kt"
     module = "kt"
     packages = ("kt-kernel", "torch")
+    # BF16: contiguous gate/up copies (2/3 of the weights) and kt's packed copy (1); the main job's
+    # kt:amxbf16 was OOM-killed with the old estimate of 1 (2026-12-01)
+    extra_copy_factor = 1.7
 
     @classmethod
     def row_note(cls, threads: int) -> str:
@@ -67,6 +70,7 @@ class KtAvx2Bf16(_Kt):
 class KtLlamafile(_Kt):
     name = "kt:llamafile"
     variant = "llamafile"
+    extra_copy_factor = 0.7   # contiguous gate/up copies; it reads the ggml tensors it was given
     description = "KTransformers kt-kernel moe.MOE: llamafile sgemm on BF16 ggml tensors"
 
 
@@ -75,6 +79,7 @@ class KtFp8(_Kt):
     name = "kt:fp8"
     variant = "fp8"
     dtypes = ("fp8",)
+    extra_copy_factor = 2.0   # contiguous copies of the fp8 bytes, and its packed copy
     description = ("KTransformers kt-kernel moe.AVX2FP8_MOE (its AVX2 build's FP8 operator) on the problem's "
                    "fp8 e4m3 weights with 128x128 fp32 block scales, on its packed copy")
 
@@ -84,6 +89,7 @@ class KtAmxFp8(_Kt):
     name = "kt:amxfp8"
     variant = "amxfp8"
     dtypes = ("fp8",)
+    extra_copy_factor = 2.0
     description = ("KTransformers kt-kernel moe.AMXFP8_MOE (its AMX build's FP8 operator, DeepSeek-V3's 128x128 "
                    "block scales) on the problem's fp8 e4m3 weights, on its packed copy")
 
@@ -94,7 +100,7 @@ class KtAmxInt8(_Kt):
     variant = "amxint8"
     dtypes = ("int8",)
     quant_scheme = "int8-channel+bf16gu+bf16h"
-    extra_copy_factor = 0.6
+    extra_copy_factor = 2.4   # contiguous bf16 gate/up copies (4/3 of the int8 bytes), its int8 packed copy
     description = ("KTransformers kt-kernel moe.AMXInt8_MOE (its AMX build's INT8 W8A8 operator): the BF16 "
                    "weights quantized by kt at load, per output row, activations per token; on its packed copy")
 

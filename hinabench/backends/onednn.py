@@ -82,7 +82,7 @@ class _OneDNN(Backend):
         return sum(w.numel() * w.element_size() for w in self.data.weights())
 
     @classmethod
-    def extra_bytes_estimate(cls, weight_bytes_allocated: int) -> int:
+    def extra_bytes_estimate(cls, weight_bytes_allocated: int, problem_bytes_allocated: int = 0) -> int:
         return weight_bytes_allocated if cls.prepacked else 0
 
     def versions(self) -> dict[str, str]:

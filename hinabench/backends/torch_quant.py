@@ -45,5 +45,5 @@ class TorchDequant(Backend):
         return out.to(torch.bfloat16)
 
     @classmethod
-    def extra_bytes_estimate(cls, weight_bytes_allocated: int) -> int:
+    def extra_bytes_estimate(cls, weight_bytes_allocated: int, problem_bytes_allocated: int = 0) -> int:
         return 0   # the per-call fp32 copies are transient (one matrix of one expert at a time)

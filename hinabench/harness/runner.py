@@ -49,7 +49,8 @@ class RunConfig(RoundPlan):
 
 def memory_needed(problem: Problem, groups: int, backend_names: list[str]) -> int:
     weights = groups * problem.group_bytes
-    extra = sum(backend_registry.get(n).extra_bytes_estimate(weights) for n in backend_names)
+    allocated = problem.allocated_bytes(groups)
+    extra = sum(backend_registry.get(n).extra_bytes_estimate(weights, allocated) for n in backend_names)
     return problem.memory_needed(groups, extra)
 
 
@@ -209,8 +210,9 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
         cls = backend_registry.get(t.name)
         if data is None or not hasattr(data, "scheme_quant_err"):
             continue
-        if cls.quant_scheme is None or (t.active and data.problem.dtype in cls.dtypes):
-            t.row["quant_err"] = data.scheme_quant_err(cls.quant_scheme, 0)
+        scheme = cls.scheme_for(problem)
+        if scheme is None or (t.active and data.problem.dtype in cls.dtypes):
+            t.row["quant_err"] = data.scheme_quant_err(scheme, 0)
     for t in todo:
         if not t.active:
             continue
@@ -224,7 +226,8 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
             if callable(own) and own() is not None:
                 t.row["prepare_ms"] = own()
             out = t.backend.run(0)
-            ref = data.scheme_reference(cls.quant_scheme, 0) if cls.quant_scheme else data.reference(0)
+            scheme = cls.scheme_for(problem)
+            ref = data.scheme_reference(scheme, 0) if scheme else data.reference(0)
             err = rel_err(out, ref)
             t.row["rel_err"] = err
             t.row["extra_bytes"] = t.backend.extra_bytes()

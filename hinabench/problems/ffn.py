@@ -310,14 +310,15 @@ class FFNData(ProblemData):
             return self.reference(group)
         key = (scheme, group)
         if key not in self._reference:
-            # "<base>[+bf16w][+bf16gu][+bf16h]": base "int8-channel" (per-channel W8A8) or the problem's own
-            # dtype, with what the kernel rounds to bf16: the dequantized weights, the gate/up outputs, the
-            # intermediate SiLU(gate)*up (hinabench.quant.moe_ffn_quant_reference)
+            # "<base>[+bf16w][+bf16gu][+bf16h][+bf16y]": base "int8-channel" (per-channel W8A8) or the
+            # problem's own dtype, with what the kernel rounds to bf16: the dequantized weights, the gate/up
+            # outputs, the intermediate SiLU(gate)*up, each expert's weighted output
+            # (hinabench.quant.moe_ffn_quant_reference)
             from ..quant import moe_ffn_quant_reference, quantize_int8_channel
             base, *rounded = scheme.split("+")
             if base not in ("int8-channel", self.problem.dtype) or self.q13 is None or \
                     (base == "int8-channel" and self.problem.dtype != "int8") or \
-                    not set(rounded) <= {"bf16w", "bf16gu", "bf16h"}:
+                    not set(rounded) <= {"bf16w", "bf16gu", "bf16h", "bf16y"}:
                 raise ValueError(f"no reference for scheme '{scheme}' on a {self.problem.dtype} problem")
             I = self.problem.I
             ids = self.topk_ids[group].long()
@@ -330,7 +331,8 @@ class FFNData(ProblemData):
                 q13, qd = self.q13, self.qdown
             self._reference[key] = moe_ffn_quant_reference(
                 self.x, q13.rows(0, I), q13.rows(I, 2 * I), qd, ids, self.topk_weights,
-                bf16_gate_up="bf16gu" in rounded, bf16_h="bf16h" in rounded, bf16_w="bf16w" in rounded)
+                bf16_gate_up="bf16gu" in rounded, bf16_h="bf16h" in rounded, bf16_w="bf16w" in rounded,
+                bf16_y="bf16y" in rounded)
         return self._reference[key]
 
     def scheme_quant_err(self, scheme: str | None, group: int = 0) -> float | None:

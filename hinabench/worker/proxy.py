@@ -80,9 +80,11 @@ class WorkerBackend(Backend):
         return envs.usable(cls.env_name)
 
     @classmethod
-    def extra_bytes_estimate(cls, weight_bytes_allocated: int) -> int:
-        # the worker's own copy of the problem, plus what the peer packs
-        return int(weight_bytes_allocated * (1 + cls.extra_copy_factor))
+    def extra_bytes_estimate(cls, weight_bytes_allocated: int, problem_bytes_allocated: int = 0) -> int:
+        # the worker's own copy of the problem (all of it: a quantized problem's BF16 source too), plus
+        # what the peer packs and copies, in units of the problem's weights
+        own = max(problem_bytes_allocated, weight_bytes_allocated)
+        return int(own + weight_bytes_allocated * cls.extra_copy_factor)
 
     # ---- the process -------------------------------------------------------------------------------
     def _command(self) -> tuple[list[str], dict[str, str], str]:
