@@ -324,3 +324,24 @@ def test_a_backend_that_does_not_fit_beside_the_others_is_a_row_and_the_rest_run
     assert rows["test:hungry"]["status"] == "unavailable"
     assert "not run beside the other 1 backend(s)" in rows["test:hungry"]["reason"]
     assert "run it with fewer --backends" in rows["test:hungry"]["reason"]
+
+
+class HungryInt8(Hungry):
+    name = "test:hungry-int8"
+    description = "an int8-only peer that would take 1 TiB"
+    dtypes = ("int8",)
+
+
+def test_a_backend_with_no_path_for_the_dtype_takes_no_memory(monkeypatch):
+    """In a sweep over dtypes a peer of another dtype is an unsupported row: its copies are not counted
+    against the backends of this point (an fp8 sweep once lost its fp8 peers to the int8 peers' estimate)."""
+    from hinabench.harness.runner import RunConfig, run_point
+    from hinabench.problems import FFNProblem
+    registry._load()
+    for cls in (Hungry, HungryInt8):
+        monkeypatch.setitem(registry.REGISTRY, cls.name, cls)
+    p = FFNProblem.custom(128, 128, tokens=1)
+    rows = {r["backend"]: r for r in run_point(p, ["torch", HungryInt8.name], 1,
+                                               RunConfig(rounds=1, min_time=0.001, warmup=0))}
+    assert rows["torch"]["status"] == "ok"
+    assert rows[HungryInt8.name]["status"] == "unsupported" and "no bf16 path" in rows[HungryInt8.name]["reason"]

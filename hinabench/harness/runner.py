@@ -158,6 +158,10 @@ def _roofline(row: dict, peak: float, unit: str) -> None:
         row["pct_gemm"] = row["gflops"] / row["gemm_gflops"]
 
 
+def _has_path(cls, problem: Problem) -> bool:
+    return problem.kind in cls.ops and getattr(problem, "dtype", "bf16") in cls.dtypes
+
+
 def run_point(problem: Problem, names: list[str], threads: int, cfg: RunConfig,
               store: ResultStore | None = None, skip: set | None = None, progress=None,
               data: ProblemData | None = None, numa: str | None = None) -> list[dict]:
@@ -191,10 +195,11 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
             continue
         t.active = True
     # -- memory: the backends that can run, side by side (each peer's process holds its own copies)
-    wanted = [t.name for t in todo if t.active]
+    # (those with no path for the problem's kind or dtype take no memory: they become unsupported rows)
+    wanted = [t.name for t in todo if t.active and _has_path(backend_registry.get(t.name), problem)]
     fit, need, avail = check_memory(problem, groups, wanted)
     for t in todo:
-        if t.active and t.name not in fit:
+        if t.active and t.name in wanted and t.name not in fit:
             _fail(t, "unavailable", f"not run beside the other {len(fit)} backend(s) of this point: all "
                                     f"{len(wanted)} together need {need / 2**30:.1f} GiB (their copies of the "
                                     f"weights), {avail / 2**30:.1f} GiB is available; run it with fewer --backends")

@@ -277,7 +277,7 @@ def judge_quant(rows: list[dict], backend: str) -> list[Verdict]:
         if T <= 4:
             f8 = d.get(("fp8", backend))
             why = ""
-            if not ok(f8):   # an ISA with no FP8 micro-kernel (AVX-512, AMX): hina's fastest FP8 path
+            if not ok(f8):   # an ISA with no FP8 micro-kernel (AVX-512): hina's fastest FP8 path
                 others = [r for (dt, b), r in d.items() if dt == "fp8" and b.startswith("hina:") and ok(r)]
                 f8 = min(others, key=lambda r: _f(r, "median_ms")) if others else None
                 why = f"{backend} has no fp8 row: {f8['backend']}'s" if f8 is not None else ""
