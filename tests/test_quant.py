@@ -404,8 +404,9 @@ def test_a_workers_memory_estimate_counts_a_quantized_problems_bf16_source():
     groups = 3
     w, alloc = groups * p.group_bytes, p.allocated_bytes(groups)
     assert alloc > 2.9 * w
-    assert KtAmxInt8.extra_bytes_estimate(w, alloc) == int(alloc + KtAmxInt8.extra_copy_factor * w)
+    from hinabench.worker.proxy import WORKER_PROCESS_BYTES
+    assert KtAmxInt8.extra_bytes_estimate(w, alloc) == int(alloc + KtAmxInt8.extra_copy_factor * w) + WORKER_PROCESS_BYTES
     b = FFNProblem.create("mixtral-8x7b", 1)
     wb = groups * b.group_bytes
-    # its worker's copy, contiguous gate/up copies (2/3) and kt's packed copy (1)
-    assert KtAmxBf16.extra_bytes_estimate(wb, b.allocated_bytes(groups)) >= 2.6 * wb
+    # measured: kt:amxbf16's worker peaked at 3.8x Mixtral's weights (its own copy included)
+    assert KtAmxBf16.extra_bytes_estimate(wb, b.allocated_bytes(groups)) >= 3.8 * wb

@@ -32,8 +32,8 @@ class _Kt(WorkerBackend):
     env_name = "kt"
     module = "kt"
     packages = ("kt-kernel", "torch")
-    # BF16: contiguous gate/up copies (2/3 of the weights) and kt's packed copy (1); the main job's
-    # kt:amxbf16 was OOM-killed with the old estimate of 1 (2026-12-01)
+    # BF16: contiguous gate/up copies (2/3 of the weights) and kt's packed copy (1), at least (the AMX
+    # operator takes more, measured below)
     extra_copy_factor = 1.7
 
     @classmethod
@@ -56,6 +56,9 @@ class _Kt(WorkerBackend):
 class KtAmxBf16(_Kt):
     name = "kt:amxbf16"
     variant = "amxbf16"
+    # measured: its worker peaks at 7.6 GiB for Mixtral's 2.0 GiB of weights (3 groups; 2026-12-01),
+    # its own copy included; the main job's kt:amxbf16 was OOM-killed with lower estimates
+    extra_copy_factor = 2.8
     description = "KTransformers kt-kernel moe.AMXBF16_MOE (AMX, or AVX-512-BF16 without AMX) on its packed copy"
 
 

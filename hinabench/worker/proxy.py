@@ -51,6 +51,9 @@ def _native_dir() -> str | None:
     return None if native == pkg else native
 
 
+WORKER_PROCESS_BYTES = 512 << 20
+
+
 class WorkerBackend(Backend):
     env_name: ClassVar[str | None] = None     # None: the harness's own interpreter (tests)
     module: ClassVar[str] = ""                # hinabench.backends.<module>.make_peer runs in the worker
@@ -81,10 +84,11 @@ class WorkerBackend(Backend):
 
     @classmethod
     def extra_bytes_estimate(cls, weight_bytes_allocated: int, problem_bytes_allocated: int = 0) -> int:
-        # the worker's own copy of the problem (all of it: a quantized problem's BF16 source too), plus
-        # what the peer packs and copies, in units of the problem's weights
+        # the worker's own copy of the problem (all of it: a quantized problem's BF16 source too), what
+        # the peer packs and copies, in units of the problem's weights, and the process itself (an
+        # interpreter with torch and the peer's libraries: 0.2-0.4 GiB measured for kt's and vLLM's)
         own = max(problem_bytes_allocated, weight_bytes_allocated)
-        return int(own + weight_bytes_allocated * cls.extra_copy_factor)
+        return int(own + weight_bytes_allocated * cls.extra_copy_factor) + WORKER_PROCESS_BYTES
 
     # ---- the process -------------------------------------------------------------------------------
     def _command(self) -> tuple[list[str], dict[str, str], str]:
