@@ -161,26 +161,17 @@ void amx_down(const QDownTask& t) {
 // written with a scalar unpack, 75.8 ms at Mixtral T = 8.
 constexpr int kF8Kr = 32;   // bf16 along K per tile row (64 bytes)
 
-inline size_t f8_tok_groups(int M) { return (size_t(M) + kTok - 1) / kTok; }
-size_t amxf8_packed_bytes(int M, int K, int) { return f8_tok_groups(M) * (size_t(K) / kF8Kr) * 1024; }
+// The tokens: the BF16 AMX kernel's own B layout and gather (microkernel_amx.cpp), one 1 KiB tile image
+// per (16 tokens, 32 K): [group][K/32][16 pairs][16 tokens][2 bf16].
+size_t amxf8_packed_bytes(int M, int K, int) { return microkernel_amx_bf16.packed_bytes(M, K); }
+void amxf8_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int, void* I) {
+  microkernel_amx_bf16.pack_tokens(x, ldx, rows, M, K, I);
+}
 
-// 32-bit pair (k = 2 * pair) of token m in the B layout [group][K/32][16 pairs][16 tokens][2 bf16]
+// 32-bit pair (k = 2 * pair) of token m in that layout
 inline size_t f8_pair_index(int m, int pair, int KB) {
   const int g = m / kTok, mi = m % kTok, kb = pair / 16, kp = pair % 16;
   return ((size_t(g) * KB + kb) * 16 + kp) * 16 + mi;
-}
-
-void amxf8_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int, void* I) {
-  uint32_t* dst = static_cast<uint32_t*>(I);
-  std::memset(I, 0, amxf8_packed_bytes(M, K, 0));  // tokens past M stay zero
-  for (int m = 0; m < M; ++m) {
-    const bf16_t* src = x + int64_t(rows[m]) * ldx;
-    for (int p = 0; p < K / 2; ++p) {
-      uint32_t pair;
-      std::memcpy(&pair, src + 2 * p, 4);
-      dst[f8_pair_index(m, p, K / kF8Kr)] = pair;
-    }
-  }
 }
 
 void amxf8_pack_act(const float* act, int M, int K, int, void* out) {
@@ -320,74 +311,43 @@ void amxf8_down(const QDownTask& t) {
 
 }  // namespace
 
-#if defined(HINA_EMU_AMX)
-#define HINA_QUANT_AMX_ISA "amx-emulated", Dtype::int8, nullptr
-#else
-#define HINA_QUANT_AMX_ISA "amx", Dtype::int8, "amx"
-#endif
+// The tiles alone (the emulated build's entries), and the real build's: experts with few tokens on a
+// vector kernel of the same dtype (see the INT8 header and the FP8 section), the rest on the tiles.
+// The split is by the expert's M, the same in its pack and its tile calls.
 #if defined(HINA_EMU_AMX)
 const QuantMicroKernel quant_microkernel_amx_int8{
-    HINA_QUANT_AMX_ISA, /*task_rows=*/64, amx_packed_bytes, amx_pack_tokens, amx_pack_act, amx_gate_up,
-    amx_down};
+    "amx-emulated", Dtype::int8, nullptr, /*task_rows=*/64, amx_packed_bytes, amx_pack_tokens, amx_pack_act,
+    amx_gate_up, amx_down};
 const QuantMicroKernel quant_microkernel_amx_fp8{
     "amx-emulated", Dtype::fp8, nullptr, /*task_rows=*/64, amxf8_packed_bytes, amxf8_pack_tokens, amxf8_pack_act,
     amxf8_gate_up, amxf8_down};
 #else
 namespace {
-// Few tokens: the AVX-512 VNNI kernel (see the header); its operand layout, packed and read by it.
-constexpr int kVnniMaxM = 4;
-inline const QuantMicroKernel& vnni() { return quant_microkernel_avx512_int8; }
-size_t mixed_packed_bytes(int M, int K, int group) {
-  return M <= kVnniMaxM ? vnni().packed_bytes(M, K, group) : amx_packed_bytes(M, K, group);
-}
-void mixed_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int group, void* I) {
-  if (M <= kVnniMaxM) vnni().pack_tokens(x, ldx, rows, M, K, group, I);
-  else amx_pack_tokens(x, ldx, rows, M, K, group, I);
-}
-void mixed_pack_act(const float* act, int M, int K, int group, void* out) {
-  if (M <= kVnniMaxM) vnni().pack_act(act, M, K, group, out);
-  else amx_pack_act(act, M, K, group, out);
-}
-void mixed_gate_up(const QGateUpTask& t) {
-  if (t.M <= kVnniMaxM) vnni().gate_up(t);
-  else amx_gate_up(t);
-}
-void mixed_down(const QDownTask& t) {
-  if (t.M <= kVnniMaxM) vnni().down(t);
-  else amx_down(t);
-}
+const QuantMicroKernel amx_int8_tiles{
+    "amx", Dtype::int8, "amx", 64, amx_packed_bytes, amx_pack_tokens, amx_pack_act, amx_gate_up, amx_down};
+const QuantMicroKernel amx_fp8_tiles{
+    "amx", Dtype::fp8, "amx", 64, amxf8_packed_bytes, amxf8_pack_tokens, amxf8_pack_act, amxf8_gate_up, amxf8_down};
+
+template <const QuantMicroKernel& Few, const QuantMicroKernel& Many, int kFewMaxM>
+struct ByTokens {
+  static const QuantMicroKernel& of(int M) { return M <= kFewMaxM ? Few : Many; }
+  static size_t packed_bytes(int M, int K, int g) { return of(M).packed_bytes(M, K, g); }
+  static void pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int g, void* I) {
+    of(M).pack_tokens(x, ldx, rows, M, K, g, I);
+  }
+  static void pack_act(const float* act, int M, int K, int g, void* out) { of(M).pack_act(act, M, K, g, out); }
+  static void gate_up(const QGateUpTask& t) { of(t.M).gate_up(t); }
+  static void down(const QDownTask& t) { of(t.M).down(t); }
+  static constexpr QuantMicroKernel entry(Dtype dtype) {
+    return {"amx", dtype, "amx", /*task_rows=*/64, packed_bytes, pack_tokens, pack_act, gate_up, down};
+  }
+};
+// INT8: M <= 4 on the AVX-512 VNNI kernel; FP8: M <= 4 on the AVX2 FP8 kernel
+using Int8ByTokens = ByTokens<quant_microkernel_avx512_int8, amx_int8_tiles, 4>;
+using Fp8ByTokens = ByTokens<quant_microkernel_avx2_fp8, amx_fp8_tiles, 4>;
 }  // namespace
-const QuantMicroKernel quant_microkernel_amx_int8{
-    HINA_QUANT_AMX_ISA, /*task_rows=*/64, mixed_packed_bytes, mixed_pack_tokens, mixed_pack_act, mixed_gate_up,
-    mixed_down};
-namespace {
-// FP8, few tokens: the AVX2 FP8 kernel (see the FP8 section), its layout, packed and read by it.
-constexpr int kF8VecMaxM = 4;
-inline const QuantMicroKernel& f8vec() { return quant_microkernel_avx2_fp8; }
-size_t f8mixed_packed_bytes(int M, int K, int g) {
-  return M <= kF8VecMaxM ? f8vec().packed_bytes(M, K, g) : amxf8_packed_bytes(M, K, g);
-}
-void f8mixed_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int g, void* I) {
-  if (M <= kF8VecMaxM) f8vec().pack_tokens(x, ldx, rows, M, K, g, I);
-  else amxf8_pack_tokens(x, ldx, rows, M, K, g, I);
-}
-void f8mixed_pack_act(const float* act, int M, int K, int g, void* out) {
-  if (M <= kF8VecMaxM) f8vec().pack_act(act, M, K, g, out);
-  else amxf8_pack_act(act, M, K, g, out);
-}
-void f8mixed_gate_up(const QGateUpTask& t) {
-  if (t.M <= kF8VecMaxM) f8vec().gate_up(t);
-  else amxf8_gate_up(t);
-}
-void f8mixed_down(const QDownTask& t) {
-  if (t.M <= kF8VecMaxM) f8vec().down(t);
-  else amxf8_down(t);
-}
-}  // namespace
-const QuantMicroKernel quant_microkernel_amx_fp8{
-    "amx", Dtype::fp8, "amx", /*task_rows=*/64, f8mixed_packed_bytes, f8mixed_pack_tokens, f8mixed_pack_act,
-    f8mixed_gate_up, f8mixed_down};
+const QuantMicroKernel quant_microkernel_amx_int8 = Int8ByTokens::entry(Dtype::int8);
+const QuantMicroKernel quant_microkernel_amx_fp8 = Fp8ByTokens::entry(Dtype::fp8);
 #endif
-#undef HINA_QUANT_AMX_ISA
 
 }  // namespace hina
