@@ -292,9 +292,12 @@ class FFNData(ProblemData):
         return self.reference_bf16(group)
 
     def reference_bf16(self, group: int = 0) -> torch.Tensor:
-        """The fp32 reference on the BF16 (source) weights."""
-        return moe_ffn_reference(self.x, self.w_gate, self.w_up, self.w_down, self.topk_ids[group],
-                                 self.topk_weights)
+        """The fp32 reference on the BF16 (source) weights (cached: every scheme's quant_err reads it)."""
+        key = ("bf16", group)
+        if key not in self._reference:
+            self._reference[key] = moe_ffn_reference(self.x, self.w_gate, self.w_up, self.w_down,
+                                                     self.topk_ids[group], self.topk_weights)
+        return self._reference[key]
 
     def quant_err(self, group: int = 0) -> float | None:
         """The scheme's own error: the quantized reference against the BF16 reference (rel. L2)."""
