@@ -75,22 +75,25 @@ def _bf16(name: str, t, dim: int) -> None:
         raise ValueError(f"{name} must be contiguous along head_dim (strides {t.stride()})")
 
 
-def _ints(name: str, t, B: int) -> torch.Tensor:
+def _ints(name: str, t, B: int) -> list[int]:
+    """B integers (a list, a tuple or a 1-D integer tensor) as a list of Python ints."""
+    if isinstance(t, (list, tuple)) and len(t) == B and all(isinstance(x, int) for x in t):
+        return list(t)
     t = torch.as_tensor(t)
     if t.dim() != 1 or t.shape[0] != B or t.dtype.is_floating_point:
         raise ValueError(f"{name} must be {B} integers (got {tuple(t.shape)} {t.dtype})")
-    return t.to(torch.int64)
+    return t.tolist()
 
 
-def _attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_lens: torch.Tensor,
-               kv_lens: torch.Tensor, block_table, head_major: bool, sm_scale, isa: str, threads,
-               kv_splits: int) -> torch.Tensor:
+def _attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ql: list[int], kl: list[int],
+               block_table, head_major: bool, sm_scale, isa: str, threads, kv_splits: int) -> torch.Tensor:
+    # Lengths are checked as Python ints: at a decode step's short contexts a few torch ops here cost
+    # as much as the kernel.
     _bf16("q", q, 3)
     _bf16("k_cache", k_cache, 4)
     _bf16("v_cache", v_cache, 4)
-    T, h_q, d = (int(s) for s in q.shape)
-    B = int(kv_lens.shape[0])
-    ql, kl = q_lens.tolist(), kv_lens.tolist()     # checked as Python ints: a few torch ops cost more
+    T, h_q, d = q.shape
+    B = len(kl)
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
     if block_table is None:
@@ -109,19 +112,18 @@ def _attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_
             nb, block_size, h_kv, dk = (int(s) for s in k_cache.shape)
             ks, vs = ((0, t.stride(1), t.stride(2), t.stride(0)) for t in (k_cache, v_cache))
         num_blocks = nb
-        bt = torch.as_tensor(block_table)
+        bt = block_table if isinstance(block_table, torch.Tensor) else torch.as_tensor(block_table)
         if bt.dim() != 2 or bt.shape[0] != B or bt.dtype.is_floating_point:
             raise ValueError(f"block_table must be [B={B}, max_blocks] integers (got {tuple(bt.shape)} {bt.dtype})")
-        need = (kv_lens + block_size - 1) // block_size
-        if int(need.max()) > bt.shape[1]:
-            raise ValueError(f"a sequence of {int(kv_lens.max())} keys needs {int(need.max())} blocks of "
+        need = (max(kl) + block_size - 1) // block_size
+        if need > bt.shape[1]:
+            raise ValueError(f"a sequence of {max(kl)} keys needs {need} blocks of "
                              f"{block_size}; block_table has {bt.shape[1]} columns")
-        used = torch.arange(bt.shape[1]).unsqueeze(0) < need.unsqueeze(1)
-        vals = bt[used]
-        if vals.numel() and (int(vals.min()) < 0 or int(vals.max()) >= nb):
-            bad = int(vals.min()) if int(vals.min()) < 0 else int(vals.max())
-            raise ValueError(f"block_table holds block {bad}, outside [0, {nb})")
-        bt = bt.to(torch.int32).contiguous()
+        # The entries a sequence uses are range-checked by the operator (ValueError "... is outside
+        # [0, num_blocks)"): torch ops here cost more than a decode step's kernel at short contexts.
+        if bt.dtype != torch.int32 or not bt.is_contiguous():
+            # clamped first, so that an entry past int32 cannot wrap into range: it stays out of range
+            bt = bt.clamp(-1, nb).to(torch.int32).contiguous()
         bt_ptr, bt_stride = bt.data_ptr(), bt.shape[1]
     if dk != d:
         raise ValueError(f"q has head_dim {d}, the cache {dk}")
@@ -141,14 +143,13 @@ def _attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_
     if threads < 1:
         raise ValueError(f"threads must be >= 1 (got {threads})")
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    q_start = torch.tensor([0, *itertools.accumulate(ql)], dtype=torch.int32)
-    kv32 = torch.tensor(kl, dtype=torch.int32)
+    lens = torch.tensor([0, *itertools.accumulate(ql), *kl], dtype=torch.int32)   # q_start [B+1], kv_len [B]
     out = torch.empty(T, h_q, d, dtype=torch.bfloat16)
     _module(isa).attention(q=q.data_ptr(), q_ts=q.stride(0), q_hs=q.stride(1), out=out.data_ptr(),
                            o_ts=out.stride(0), o_hs=out.stride(1), k=k_cache.data_ptr(), v=v_cache.data_ptr(),
                            k_strides=list(ks), v_strides=list(vs), block_table=bt_ptr, bt_stride=bt_stride,
                            block_size=block_size, num_blocks=num_blocks, B=B, h_q=h_q, h_kv=h_kv, d=d,
-                           q_start=q_start.data_ptr(), kv_len=kv32.data_ptr(), sm_scale=scale,
+                           q_start=lens.data_ptr(), kv_len=lens.data_ptr() + 4 * (B + 1), sm_scale=scale,
                            kv_splits=int(kv_splits), isa=isa, threads=threads)
     return out
 
@@ -161,8 +162,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError("q must be [B, h_q, d]")
     B = int(q.shape[0])
     lens = _ints("seq_lens", seq_lens, B)
-    return _attention(q, k_cache, v_cache, torch.ones(B, dtype=torch.int64), lens, block_table, head_major,
-                      sm_scale, isa, threads, kv_splits)
+    return _attention(q, k_cache, v_cache, [1] * B, lens, block_table, head_major, sm_scale, isa, threads,
+                      kv_splits)
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens, extend_lens, *,
@@ -175,10 +176,10 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError("extend_lens must be a 1-D list of at least one length")
     ext = _ints("extend_lens", ext, B)
     pre = _ints("prefix_lens", prefix_lens, B)
-    if int(pre.min()) < 0:
+    if min(pre) < 0:
         raise ValueError("prefix_lens must be >= 0")
-    return _attention(q, k_cache, v_cache, ext, pre + ext, block_table, head_major, sm_scale, isa, threads,
-                      kv_splits)
+    return _attention(q, k_cache, v_cache, ext, [p + e for p, e in zip(pre, ext)], block_table, head_major,
+                      sm_scale, isa, threads, kv_splits)
 
 
 def attention_last_schedule(isa: str = "auto") -> dict:

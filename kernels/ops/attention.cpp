@@ -96,6 +96,10 @@ void check(const AttnCall& c) {
   }
 }
 
+// A software prefetch GCC 12 keeps: it deleted run_task's __builtin_prefetch loop over the next
+// chunk's records as dead code once that loop sat in a lambda (no prefetch left in the object).
+inline void prefetch_line(const char* p) { __asm__ volatile("prefetcht0 %0" ::"m"(*p)); }
+
 inline const bf16_t* key_at(const AttnCall& c, const bf16_t* base, int64_t seq, int64_t tok, int64_t head,
                             int64_t blk, int b, int h, int j) {
   if (c.block_table) {
@@ -146,29 +150,32 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
     }
   };
   const int row_bytes = d * int(sizeof(bf16_t));
+  const int rec_bytes = t.nh > 1 && c.k_head == d ? t.nh * row_bytes : row_bytes;   // a token's record
   // A token stride other than d (the [num_blocks, block_size, h_kv, d] paged layout: rows h_kv * d
   // apart, 1 KiB for Qwen3) puts a chunk's rows into a few L1 sets: V, read once per 4-row block, and
   // K were evicted between uses (measured 3x slower than the same keys head-major). Those rows are
   // copied into dense per-thread buffers once per chunk instead, head-major; a task of every head
   // reads each token's heads in one pass (the token record, h_kv * d contiguous when k_head == d).
-  const bool stage_k = c.k_tok != d, stage_v = c.v_tok != d;
+  const bool stage_k = mk.blocking.stage_strided && c.k_tok != d;
+  const bool stage_v = mk.blocking.stage_strided && c.v_tok != d;
   const int64_t stage_head = int64_t(KC) * d;   // staged rows of one head
   // s.kp / s.vp: this chunk's rows of head t.h, found once: the first chunk's here, every later one's
   // as the previous chunk's "next" rows (the two buffers swap at the end of a chunk)
   if (t.k0 < t.k1) rows_of(t.h, t.k0, std::min(KC, t.k1 - t.k0), s.kp.data(), s.vp.data());
   for (int j0 = t.k0; j0 < t.k1; j0 += KC) {
     const int nk = std::min(KC, t.k1 - j0);
-    // the next chunk's rows (first head's; a token record is contiguous), prefetched while this one is computed
+    // the next chunk's rows (first head's; a token record is contiguous), prefetched while this one is
+    // computed: a share of them before each head's step, not all at once (a burst of a chunk's lines,
+    // 64 KiB for Qwen3's records, stalled on full fill buffers: ~20% of the time in the prefetches)
     const int nn = std::min(KC, t.k1 - j0 - KC);
-    if (nn > 0) {
-      rows_of(t.h, j0 + KC, nn, s.kn.data(), s.vn.data());
-      const int rec_bytes = stage_k && c.k_head == d ? t.nh * row_bytes : row_bytes;
-      for (int j = 0; j < nn; ++j)
+    if (nn > 0) rows_of(t.h, j0 + KC, nn, s.kn.data(), s.vn.data());
+    auto prefetch_next = [&](int hh) {
+      for (int j = hh * nn / t.nh; j < (hh + 1) * nn / t.nh; ++j)
         for (int off = 0; off < rec_bytes; off += 64) {
-          __builtin_prefetch(reinterpret_cast<const char*>(s.kn[j]) + off);
-          __builtin_prefetch(reinterpret_cast<const char*>(s.vn[j]) + off);
+          prefetch_line(reinterpret_cast<const char*>(s.kn[j]) + off);
+          prefetch_line(reinterpret_cast<const char*>(s.vn[j]) + off);
         }
-    }
+    };
     if (stage_k || stage_v) {   // rows of a strided cache: copied once into dense buffers (see above),
                                 // token by token: in address order
       for (int j = 0; j < nk; ++j)
@@ -182,6 +189,7 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
         }
     }
     for (int hh = 0; hh < t.nh; ++hh) {
+      prefetch_next(hh);
       const bf16_t* const* krows = s.kp.data();
       const bf16_t* const* vrows = s.vp.data();
       if (hh > 0 && !(stage_k && stage_v)) rows_of(t.h + hh, j0, nk, s.kp.data(), s.vp.data());
@@ -242,7 +250,9 @@ void attention(const AttnCall& c) {
   // SGLang's and vLLM's [num_blocks, block_size, h_kv, d]): the staging copy then reads whole records.
   const bool token_major = (c.k_tok != d && c.k_head == d) || (c.v_tok != d && c.v_head == d);
   const int nh = token_major ? c.h_kv : 1;
-  const int max_rows = tok_per_block * G;       // query rows of one head in a task
+  int max_tokens = 1;                           // query tokens of the longest sequence (decode: 1)
+  for (int b = 0; b < c.B; ++b) max_tokens = std::max(max_tokens, c.q_start[b + 1] - c.q_start[b]);
+  const int max_rows = std::min(tok_per_block, max_tokens) * G;   // query rows of one head in a task
   const int max_slot = nh * max_rows;           // rows of a task's partial slot (every head)
   struct Base { int b, h, t0, nt, keys; };
   std::vector<Base> base;
@@ -279,33 +289,41 @@ void attention(const AttnCall& c) {
     if (sp > 1) { first[i] = nparts; nparts += sp; }
   }
   g_last = {int64_t(tasks.size()), splits, max_rows};
-  std::vector<float> part_o(size_t(nparts) * max_slot * d), part_lse(size_t(nparts) * max_slot);
+  // the splits' partial rows, written by their tasks before the merge reads them: not zero-filled,
+  // and kept by the calling thread across calls (grown, never shrunk)
+  // (thread_local: the OpenMP threads below use these pointers, never the calling thread's vectors)
+  static thread_local std::vector<float> part_o_buf, part_lse_buf;
+  if (part_o_buf.size() < size_t(nparts) * max_slot * d) part_o_buf.resize(size_t(nparts) * max_slot * d);
+  if (part_lse_buf.size() < size_t(nparts) * max_slot) part_lse_buf.resize(size_t(nparts) * max_slot);
+  float* const part_o = part_o_buf.data();
+  float* const part_lse = part_lse_buf.data();
 
   FirstError err;
 #pragma omp parallel num_threads(threads)
   {
-    Scratch s;
-    s.qp.resize(size_t(nh) * q_stride(max_rows, d));
-    s.O.resize(size_t(max_slot) * d);
-    s.S.resize(size_t(max_rows) * KC);
-    s.m.resize(max_slot);
-    s.l.resize(max_slot);
-    s.row.resize(d);
-    s.kp.resize(KC);
-    s.vp.resize(KC);
-    s.kn.resize(KC);
-    s.vn.resize(KC);
-    s.ks.resize(KC);
-    s.vs.resize(KC);
-    s.kbuf.resize(size_t(nh) * KC * d);
-    s.vbuf.resize(size_t(nh) * KC * d);
-    s.limit.resize(max_rows);
+    // Per thread and kept across calls: sized up, never down, and not re-filled (every buffer is
+    // written before it is read). Allocating and zero-filling ~0.4 MiB per thread per call cost
+    // ~20 us, a tenth of a decode step at 4096 keys.
+    static thread_local Scratch s;
+    auto grow = [](auto& v, size_t n) { if (v.size() < n) v.resize(n); };
+    grow(s.qp, size_t(nh) * q_stride(max_rows, d));
+    grow(s.O, size_t(max_slot) * d);
+    grow(s.S, size_t(max_rows) * KC);
+    grow(s.m, max_slot);
+    grow(s.l, max_slot);
+    grow(s.row, d);
+    for (auto* v : {&s.kp, &s.vp, &s.kn, &s.vn, &s.ks, &s.vs}) grow(*v, KC);
+    if (mk.blocking.stage_strided) {
+      grow(s.kbuf, size_t(nh) * KC * d);
+      grow(s.vbuf, size_t(nh) * KC * d);
+    }
+    grow(s.limit, max_rows);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < int64_t(tasks.size()); ++i) {
       err.guard([&] {
         const Task& t = tasks[i];
-        float* po = t.part >= 0 ? part_o.data() + size_t(t.part) * max_slot * d : nullptr;
-        float* pl = t.part >= 0 ? part_lse.data() + size_t(t.part) * max_slot : nullptr;
+        float* po = t.part >= 0 ? part_o + size_t(t.part) * max_slot * d : nullptr;
+        float* pl = t.part >= 0 ? part_lse + size_t(t.part) * max_slot : nullptr;
         run_task(c, mk, t, s, po, pl);
       });
     }
@@ -327,7 +345,7 @@ void attention(const AttnCall& c) {
             if (lse == kNegInf) continue;
             const float w = std::exp2(lse - mx);
             wsum += w;
-            const float* po = part_o.data() + (size_t(first[i] + q) * max_slot + hr) * d;
+            const float* po = part_o + (size_t(first[i] + q) * max_slot + hr) * d;
             for (int k = 0; k < d; ++k) s.row[k] += w * po[k];
           }
           const float inv = wsum > 0.f ? 1.f / wsum : 0.f;

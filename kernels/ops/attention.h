@@ -61,6 +61,9 @@ struct AttnCall {
 struct AttnBlocking {
   int chunk_keys;   // keys per chunk (scores tile width; K and V of a chunk stay in L1)
   int block_rows;   // query rows per task at most (whole tokens of G rows each)
+  bool stage_strided;  // copy the rows of a strided (token-major) cache into dense buffers first: a
+                       // kernel that reads a row more than once wants them (L1 sets, see run_task);
+                       // AMX's tile loads take the stride and read each row once, so do not
 };
 
 struct AttnMicroKernel {

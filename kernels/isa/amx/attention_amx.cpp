@@ -19,9 +19,13 @@
 #include "isa/amx/tiles.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
+#if !defined(HINA_EMU_AMX)
+#include "isa/avx512/attention_vec512.h"   // tiles.h brought <immintrin.h>
+#endif
 #include "ops/attention.h"
 
 namespace hina {
@@ -36,18 +40,30 @@ struct alignas(64) TileConfig {
   uint8_t rows[16];
 };
 
-// tmm0: K (A, keys x 64 B)   tmm1: Q^T image (B, 16 pairs x 4*rows)   tmm2: S^T (C, keys x 4*rows)
-// tmm3: P (A, rows x 64 B)   tmm4: V pairs (B, 16 x 64 B)             tmm5: O block (C, rows x 64 B)
-void configure(int rows, int keys) {
+// Tile ops run at 16 cycles apiece but their results come much later, so each step keeps four
+// independent accumulation chains in flight (a single chain per 16 keys and per O block was ~3x slower).
+// scores: tmm0, tmm6, tmm7: K (A, keys x 64 B); tmm1: the Q^T image (B, 16 pairs x 4*rows);
+//         tmm2..tmm5: S^T of four groups of 16 keys (C, keys x 4*rows)
+void configure_scores(int rows, int keys) {
   TileConfig cfg{};
   cfg.palette_id = 1;
   auto set = [&](int t, int r, int colsb) { cfg.rows[t] = uint8_t(r); cfg.colsb[t] = uint16_t(colsb); };
-  set(0, keys, 64);
+  for (int t : {0, 6, 7}) set(t, keys, 64);
   set(1, 16, 4 * rows);
-  set(2, keys, 4 * rows);
-  set(3, rows, 64);
-  set(4, 16, 64);
-  set(5, rows, 64);
+  for (int t : {2, 3, 4, 5}) set(t, keys, 4 * rows);
+  _tile_loadconfig(&cfg);
+}
+// pv:     tmm0: P (A, rows x 64 B); tmm1..tmm3: V pairs (B, 16 x 64 B); tmm4..tmm7: four O blocks
+//         of 16 columns (C, rows x 64 B)
+//         (pv, d % 32 == 0: tmm1 is the second P image, an A tile like tmm0)
+void configure_pv(int rows, bool split) {
+  TileConfig cfg{};
+  cfg.palette_id = 1;
+  auto set = [&](int t, int r, int colsb) { cfg.rows[t] = uint8_t(r); cfg.colsb[t] = uint16_t(colsb); };
+  set(0, rows, 64);
+  set(1, split ? rows : 16, 64);
+  for (int t : {2, 3}) set(t, 16, 64);
+  for (int t : {4, 5, 6, 7}) set(t, rows, 64);
   _tile_loadconfig(&cfg);
 }
 
@@ -70,42 +86,111 @@ void pack_q(const bf16_t* const* rows, int nrows, int d, float scale, float* qp)
     }
 }
 
+// S[r][j0 + j] = C[j][r] * scale for the rows < rows and keys < nk of one S^T tile image (C: 16 keys
+// x 16 rows fp32, 64-byte rows): one 16-lane gather per query row.
+inline void store_scores(const float* C, int rows, int nk, float scale, float* S, int lds) {
+#if defined(HINA_EMU_AMX)
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < nk; ++j) S[int64_t(r) * lds + j] = C[j * 16 + r] * scale;
+#else
+  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(16));
+  const __mmask16 km = nk >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nk) - 1);
+  const __m512 vs = _mm512_set1_ps(scale);
+  for (int r = 0; r < rows; ++r) {
+    const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), km, idx, C + r, 4);
+    _mm512_mask_storeu_ps(S + int64_t(r) * lds, km, _mm512_mul_ps(v, vs));
+  }
+#endif
+}
+
+// Where the A tile of 16 keys' rows, d block kb, loads from (the return) with which row stride: the
+// cache itself when the rows are evenly spaced (one paged block, or a contiguous cache), else (a
+// chunk that crosses blocks, a half block of d) a zero-padded 16 x 64-byte staging copy.
+// tile_rows: the tile's configured rows; past nk they come from the zero-padded staging copy.
+inline const bf16_t* keys_tile(const bf16_t* const* keys, int nk, int d, int kb, bf16_t* stage, long* stride,
+                               int tile_rows) {
+  const bool half = d - kb * 32 < 32;
+  const int64_t step = nk > 1 ? keys[1] - keys[0] : d;
+  bool even = !half && step > 0 && nk >= tile_rows;
+  for (int j = 2; j < nk && even; ++j) even = keys[j] - keys[j - 1] == step;
+  if (even) {
+    *stride = long(step * sizeof(bf16_t));
+    return keys[0] + kb * 32;   // K rows as they are
+  }
+  std::memset(stage, 0, 16 * 32 * sizeof(bf16_t));
+  for (int j = 0; j < nk; ++j)
+    std::memcpy(stage + j * 32, keys[j] + kb * 32, size_t(half ? 16 : 32) * sizeof(bf16_t));
+  *stride = 64;
+  return stage;
+}
+
 void scores(const float* qp, int nrows, int d, const bf16_t* const* keys, int nkeys, float* S, int lds) {
   const float scale = qp[0];
   float* q = const_cast<float*>(qp);
-  alignas(64) bf16_t stage[16 * 32];
-  alignas(64) float C[16 * 16];
+  alignas(64) bf16_t stage[4][16 * 32];
+  alignas(64) float C[4][16 * 16];
   const int KB = blocks32(d);
+  int cfg_rows = -1, cfg_keys = -1;   // LDTILECFG only when the tile shapes change (a chunk's tail)
   for (int g = 0; g * 16 < nrows; ++g) {
     const int rows = nrows - g * 16 < 16 ? nrows - g * 16 : 16;
-    for (int j0 = 0; j0 < nkeys; j0 += 16) {
+    float* Sg = S + int64_t(g * 16) * lds;
+    int j0 = 0;
+    for (; j0 + 64 <= nkeys; j0 += 64) {   // four full groups of 16 keys per step
+      if (rows != cfg_rows || cfg_keys != 16) {
+        configure_scores(rows, 16);
+        cfg_rows = rows;
+        cfg_keys = 16;
+      }
+      _tile_zero(2);
+      _tile_zero(3);
+      _tile_zero(4);
+      _tile_zero(5);
+      for (int kb = 0; kb < KB; ++kb) {
+        long st0, st1, st2, st3;
+        const bf16_t* k0 = keys_tile(keys + j0, 16, d, kb, stage[0], &st0, 16);
+        const bf16_t* k1 = keys_tile(keys + j0 + 16, 16, d, kb, stage[1], &st1, 16);
+        const bf16_t* k2 = keys_tile(keys + j0 + 32, 16, d, kb, stage[2], &st2, 16);
+        const bf16_t* k3 = keys_tile(keys + j0 + 48, 16, d, kb, stage[3], &st3, 16);
+        _tile_loadd(1, q_image(q, d, g, kb), 64);
+        _tile_loadd(0, k0, st0);
+        _tile_loadd(6, k1, st1);
+        _tile_dpbf16ps(2, 0, 1);
+        _tile_loadd(7, k2, st2);
+        _tile_dpbf16ps(3, 6, 1);
+        _tile_loadd(0, k3, st3);
+        _tile_dpbf16ps(4, 7, 1);
+        _tile_dpbf16ps(5, 0, 1);
+      }
+      _tile_stored(2, C[0], 64);
+      _tile_stored(3, C[1], 64);
+      _tile_stored(4, C[2], 64);
+      _tile_stored(5, C[3], 64);
+      for (int i = 0; i < 4; ++i) store_scores(C[i], rows, 16, scale, Sg + j0 + 16 * i, lds);
+    }
+    for (; j0 < nkeys; j0 += 16) {          // the rest: one group of up to 16 at a time
       const int nk = nkeys - j0 < 16 ? nkeys - j0 : 16;
-      configure(rows, nk);
-      const int64_t step = nk > 1 ? keys[j0 + 1] - keys[j0] : d;
-      bool even = true;
-      for (int j = 1; j < nk && even; ++j) even = keys[j0 + j] - keys[j0 + j - 1] == step;
+      if (rows != cfg_rows || nk != cfg_keys) {
+        configure_scores(rows, nk);
+        cfg_rows = rows;
+        cfg_keys = nk;
+      }
       _tile_zero(2);
       for (int kb = 0; kb < KB; ++kb) {
-        const bool half = d - kb * 32 < 32;
-        if (even && step > 0 && !half) {
-          _tile_loadd(0, keys[j0] + kb * 32, long(step * sizeof(bf16_t)));   // K rows as they are
-        } else {
-          std::memset(stage, 0, sizeof(stage));
-          for (int j = 0; j < nk; ++j)
-            std::memcpy(stage + j * 32, keys[j0 + j] + kb * 32, size_t(half ? 16 : 32) * sizeof(bf16_t));
-          _tile_loadd(0, stage, 64);
-        }
+        long st;
+        const bf16_t* k0 = keys_tile(keys + j0, nk, d, kb, stage[0], &st, nk);
         _tile_loadd(1, q_image(q, d, g, kb), 64);
+        _tile_loadd(0, k0, st);
         _tile_dpbf16ps(2, 0, 1);
       }
-      _tile_stored(2, C, 64);
-      for (int j = 0; j < nk; ++j)
-        for (int r = 0; r < rows; ++r) S[int64_t(g * 16 + r) * lds + j0 + j] = C[j * 16 + r] * scale;
+      _tile_stored(2, C[0], 64);
+      store_scores(C[0], rows, nk, scale, Sg + j0, lds);
     }
   }
   _tile_release();
 }
 
+#if defined(HINA_EMU_AMX)
 void softmax_step(float* S, int lds, int nrows, int nkeys, float* m, float* l, float* O, int d) {
   const float ninf = -std::numeric_limits<float>::infinity();
   for (int r = 0; r < nrows; ++r) {
@@ -125,51 +210,246 @@ void softmax_step(float* S, int lds, int nrows, int nkeys, float* m, float* l, f
       for (int i = 0; i < d; ++i) O[int64_t(r) * d + i] *= alpha;
   }
 }
+#else
+using vec512::softmax_step;   // every AMX CPU has AVX-512 BF16
+#endif
 
-void pv(const float* P, int lds, int nrows, const bf16_t* const* vals, int nkeys, int d, float* O) {
-  alignas(64) bf16_t Pb[16 * 32];
-  alignas(64) uint32_t Vt[16 * 16];
+// A: the probabilities of rows [0, rows) and keys [0, nk) (of at most 32) as bf16, zero past nk.
+inline void p_image(const float* P, int lds, int rows, int nk, bf16_t* Pb) {
+#if defined(HINA_EMU_AMX)
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < 32; ++j) Pb[r * 32 + j] = j < nk ? f32_to_bf16(P[int64_t(r) * lds + j]) : bf16_t(0);
+#else
+  const __mmask16 m0 = nk >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nk) - 1);
+  const __mmask16 m1 = nk >= 32 ? __mmask16(0xFFFF) : nk <= 16 ? __mmask16(0) : __mmask16((1u << (nk - 16)) - 1);
+  for (int r = 0; r < rows; ++r) {
+    const float* p = P + int64_t(r) * lds;
+    const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, p + 16), _mm512_maskz_loadu_ps(m0, p));
+    std::memcpy(Pb + r * 32, &b, 64);
+  }
+#endif
+}
+
+// B: keys [0, nk) (of at most 32) of V in VNNI pairs, one 1 KiB image per 16 columns:
+// Vt[cb * 256 + kp * 16 + n] = (V_{2kp}[16 cb + n], V_{2kp+1}[16 cb + n]), zero past nk.
+inline void v_image(const bf16_t* const* vals, int nk, int d, uint32_t* Vt) {
+  const int CB = d / 16;
+  for (int kp = 0; kp < 16; ++kp) {
+    const int ja = 2 * kp, jb = ja + 1;
+    if (ja >= nk) {
+      for (int cb = 0; cb < CB; ++cb) std::memset(Vt + cb * 256 + kp * 16, 0, 64);
+      continue;
+    }
+    const bf16_t* va = vals[ja];
+    const bf16_t* vb = jb < nk ? vals[jb] : nullptr;
+    int c = 0;
+#if !defined(HINA_EMU_AMX)
+    // 32 columns of both rows per step: two vpermt2w give the pairs of columns c..c+15 and c+16..c+31
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (; c + 32 <= d; c += 32) {
+      const __m512i a = _mm512_loadu_si512(va + c);
+      const __m512i b = vb ? _mm512_loadu_si512(vb + c) : _mm512_setzero_si512();
+      _mm512_storeu_si512(Vt + (c / 16) * 256 + kp * 16, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_storeu_si512(Vt + (c / 16 + 1) * 256 + kp * 16, _mm512_permutex2var_epi16(a, hi, b));
+    }
+#endif
+    for (; c < d; ++c) {
+      const uint32_t a = va[c], b = vb ? vb[c] : 0u;
+      Vt[(c / 16) * 256 + kp * 16 + c % 16] = a | (b << 16);
+    }
+  }
+}
+
+constexpr int kChunkKeys = 128;   // keys per chunk: per-call costs (LDTILECFG, the O tiles' loads and
+                                  // stores, the softmax's reductions) spread over 128 keys, not 32
+
+// P x V for a head dim that is an odd multiple of 16: V converted into VNNI pairs of keys, O in natural
+// column order (tmm0: P, tmm1..3: V pairs, tmm4..7: O, as configure_pv(rows, 16) sets them).
+void pv_pairs(const float* P, int lds, int nrows, const bf16_t* const* vals, int nkeys, int d, float* O) {
+  // the chunk's V, converted once and used by every row group: [32-key block][16 columns] images
+  alignas(64) static thread_local uint32_t Vt[kChunkKeys / 32 * (kAttnHeadDimMax / 16) * 256];   // 64 KiB
+  alignas(64) bf16_t Pb[kChunkKeys / 32][16 * 32];
+  const int KB32 = (nkeys + 31) / 32, CB = d / 16;
+  for (int kb = 0; kb < KB32; ++kb) {
+    const int nk = nkeys - kb * 32 < 32 ? nkeys - kb * 32 : 32;
+    v_image(vals + kb * 32, nk, d, Vt + size_t(kb) * CB * 256);
+  }
+  int cfg_rows = -1;
   for (int g = 0; g * 16 < nrows; ++g) {
     const int rows = nrows - g * 16 < 16 ? nrows - g * 16 : 16;
-    configure(rows, 16);
-    for (int j0 = 0; j0 < nkeys; j0 += 32) {
-      const int nk = nkeys - j0 < 32 ? nkeys - j0 : 32;
-      for (int r = 0; r < rows; ++r)           // A: P rows as bf16, keys past nk zero
-        for (int j = 0; j < 32; ++j)
-          Pb[r * 32 + j] = j < nk ? f32_to_bf16(P[int64_t(g * 16 + r) * lds + j0 + j]) : bf16_t(0);
-      _tile_loadd(3, Pb, 64);
-      for (int c = 0; c < d; c += 16) {
-        // B: V converted on demand, row kp = (V_{2kp}[c+n], V_{2kp+1}[c+n]) for n < 16
-        for (int kp = 0; kp < 16; ++kp) {
-          const int ja = j0 + 2 * kp, jb = ja + 1;
-          for (int n = 0; n < 16; ++n) {
-            const uint32_t a = ja < j0 + nk ? vals[ja][c + n] : 0u, b = jb < j0 + nk ? vals[jb][c + n] : 0u;
-            Vt[kp * 16 + n] = a | (b << 16);
-          }
-        }
-        _tile_loadd(4, Vt, 64);
-        float* o = O + int64_t(g * 16) * d + c;
-        _tile_loadd(5, o, long(d * sizeof(float)));
-        _tile_dpbf16ps(5, 3, 4);
-        _tile_stored(5, o, long(d * sizeof(float)));
+    if (rows != cfg_rows) {
+      configure_pv(rows, false);
+      cfg_rows = rows;
+    }
+    for (int kb = 0; kb < KB32; ++kb) {
+      const int nk = nkeys - kb * 32 < 32 ? nkeys - kb * 32 : 32;
+      p_image(P + int64_t(g * 16) * lds + kb * 32, lds, rows, nk, Pb[kb]);
+    }
+    float* Og = O + int64_t(g * 16) * d;
+    const long ldo = long(d * sizeof(float));
+    auto vt = [&](int kb, int cb) { return Vt + (size_t(kb) * CB + cb) * 256; };
+    int cb = 0;
+    for (; cb + 4 <= CB; cb += 4) {        // four O blocks stay in their tiles across the chunk's keys
+      _tile_loadd(4, Og + cb * 16, ldo);
+      _tile_loadd(5, Og + cb * 16 + 16, ldo);
+      _tile_loadd(6, Og + cb * 16 + 32, ldo);
+      _tile_loadd(7, Og + cb * 16 + 48, ldo);
+      for (int kb = 0; kb < KB32; ++kb) {
+        _tile_loadd(0, Pb[kb], 64);
+        _tile_loadd(1, vt(kb, cb), 64);
+        _tile_loadd(2, vt(kb, cb + 1), 64);
+        _tile_dpbf16ps(4, 0, 1);
+        _tile_loadd(3, vt(kb, cb + 2), 64);
+        _tile_dpbf16ps(5, 0, 2);
+        _tile_loadd(1, vt(kb, cb + 3), 64);
+        _tile_dpbf16ps(6, 0, 3);
+        _tile_dpbf16ps(7, 0, 1);
       }
+      _tile_stored(4, Og + cb * 16, ldo);
+      _tile_stored(5, Og + cb * 16 + 16, ldo);
+      _tile_stored(6, Og + cb * 16 + 32, ldo);
+      _tile_stored(7, Og + cb * 16 + 48, ldo);
+    }
+    for (; cb < CB; ++cb) {                // head dims that are not a multiple of 64
+      _tile_loadd(4, Og + cb * 16, ldo);
+      for (int kb = 0; kb < KB32; ++kb) {
+        _tile_loadd(0, Pb[kb], 64);
+        _tile_loadd(1, vt(kb, cb), 64);
+        _tile_dpbf16ps(4, 0, 1);
+      }
+      _tile_stored(4, Og + cb * 16, ldo);
     }
   }
   _tile_release();
 }
 
+// P x V with V's rows loaded as they are (d % 32 == 0). A B tile needs pairs along its K dimension;
+// V's rows are pairs of adjacent *columns* (V_j[2n], V_j[2n+1]) instead, so each 16-key step runs two
+// products over the same V tile: one with A = (P_j, 0) pairs, which sums only the even columns, one
+// with A = (0, P_j), only the odd ones. Twice the tile products of converting V into key pairs, but the
+// tile unit is otherwise idle, where the conversion (two vpermt2w per 32 columns of a key pair: port 5)
+// cost more than the rest of P x V together. O is kept per 32 columns as 16 even then 16 odd columns;
+// unpack_o puts them back in order.
+// tmm0: (P, 0) pairs, tmm1: (0, P) pairs (A, rows x 16 keys); tmm2, tmm3: V (B, 16 keys x 32 columns);
+// tmm4..tmm7: O even / odd of two groups of 32 columns (C, rows x 64 B).
+inline void p_split_images(const float* P, int lds, int rows, int nk, uint32_t* Pe, uint32_t* Po) {
+#if defined(HINA_EMU_AMX)
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < 16; ++j) {
+      const uint32_t b = j < nk ? f32_to_bf16(P[int64_t(r) * lds + j]) : 0u;
+      Pe[r * 16 + j] = b;
+      Po[r * 16 + j] = b << 16;
+    }
+#else
+  const __mmask16 km = nk >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nk) - 1);
+  for (int r = 0; r < rows; ++r) {
+    const __m256bh b = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(km, P + int64_t(r) * lds));
+    __m256i bi;
+    std::memcpy(&bi, &b, 32);
+    const __m512i e = _mm512_cvtepu16_epi32(bi);
+    _mm512_storeu_si512(Pe + r * 16, e);
+    _mm512_storeu_si512(Po + r * 16, _mm512_slli_epi32(e, 16));
+  }
+#endif
+}
+
+void pv(const float* P, int lds, int nrows, const bf16_t* const* vals, int nkeys, int d, float* O) {
+  if (d % 32) return pv_pairs(P, lds, nrows, vals, nkeys, d, O);
+  alignas(64) uint32_t Pe[kChunkKeys / 16][16 * 16], Po[kChunkKeys / 16][16 * 16];
+  alignas(64) bf16_t stage[2][16 * 32];
+  const int KG = (nkeys + 15) / 16, CG = d / 32;
+  int cfg_rows = -1;
+  for (int g = 0; g * 16 < nrows; ++g) {
+    const int rows = nrows - g * 16 < 16 ? nrows - g * 16 : 16;
+    if (rows != cfg_rows) {
+      configure_pv(rows, true);
+      cfg_rows = rows;
+    }
+    for (int kg = 0; kg < KG; ++kg) {
+      const int nk = nkeys - kg * 16 < 16 ? nkeys - kg * 16 : 16;
+      p_split_images(P + int64_t(g * 16) * lds + kg * 16, lds, rows, nk, Pe[kg], Po[kg]);
+    }
+    float* Og = O + int64_t(g * 16) * d;
+    const long ldo = long(d * sizeof(float));
+    int cg = 0;
+    for (; cg + 2 <= CG; cg += 2) {        // two groups of 32 columns: four O tiles across the chunk
+      _tile_loadd(4, Og + cg * 32, ldo);
+      _tile_loadd(5, Og + cg * 32 + 16, ldo);
+      _tile_loadd(6, Og + cg * 32 + 32, ldo);
+      _tile_loadd(7, Og + cg * 32 + 48, ldo);
+      for (int kg = 0; kg < KG; ++kg) {
+        const int nk = nkeys - kg * 16 < 16 ? nkeys - kg * 16 : 16;
+        long st0, st1;
+        const bf16_t* v0 = keys_tile(vals + kg * 16, nk, d, cg, stage[0], &st0, 16);
+        const bf16_t* v1 = keys_tile(vals + kg * 16, nk, d, cg + 1, stage[1], &st1, 16);
+        _tile_loadd(0, Pe[kg], 64);
+        _tile_loadd(1, Po[kg], 64);
+        _tile_loadd(2, v0, st0);
+        _tile_dpbf16ps(4, 0, 2);
+        _tile_loadd(3, v1, st1);
+        _tile_dpbf16ps(5, 1, 2);
+        _tile_dpbf16ps(6, 0, 3);
+        _tile_dpbf16ps(7, 1, 3);
+      }
+      _tile_stored(4, Og + cg * 32, ldo);
+      _tile_stored(5, Og + cg * 32 + 16, ldo);
+      _tile_stored(6, Og + cg * 32 + 32, ldo);
+      _tile_stored(7, Og + cg * 32 + 48, ldo);
+    }
+    if (cg < CG) {                         // an odd number of 32-column groups: the last one alone
+      _tile_loadd(4, Og + cg * 32, ldo);
+      _tile_loadd(5, Og + cg * 32 + 16, ldo);
+      for (int kg = 0; kg < KG; ++kg) {
+        const int nk = nkeys - kg * 16 < 16 ? nkeys - kg * 16 : 16;
+        long st0;
+        const bf16_t* v0 = keys_tile(vals + kg * 16, nk, d, cg, stage[0], &st0, 16);
+        _tile_loadd(0, Pe[kg], 64);
+        _tile_loadd(1, Po[kg], 64);
+        _tile_loadd(2, v0, st0);
+        _tile_dpbf16ps(4, 0, 2);
+        _tile_dpbf16ps(5, 1, 2);
+      }
+      _tile_stored(4, Og + cg * 32, ldo);
+      _tile_stored(5, Og + cg * 32 + 16, ldo);
+    }
+  }
+  _tile_release();
+}
+
+// O -> natural column order (pv's even / odd halves per 32 columns when d % 32 == 0), times scale.
 void unpack_o(const float* O, int d, float scale, float* out) {
-  for (int i = 0; i < d; ++i) out[i] = O[i] * scale;
+  if (d % 32) {
+    for (int i = 0; i < d; ++i) out[i] = O[i] * scale;
+    return;
+  }
+#if defined(HINA_EMU_AMX)
+  for (int c = 0; c < d; c += 32)
+    for (int n = 0; n < 16; ++n) {
+      out[c + 2 * n] = O[c + n] * scale;
+      out[c + 2 * n + 1] = O[c + 16 + n] * scale;
+    }
+#else
+  const __m512 s = _mm512_set1_ps(scale);
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  for (int c = 0; c < d; c += 32) {
+    const __m512 e = _mm512_mul_ps(_mm512_loadu_ps(O + c), s), o = _mm512_mul_ps(_mm512_loadu_ps(O + c + 16), s);
+    _mm512_storeu_ps(out + c, _mm512_permutex2var_ps(e, lo, o));
+    _mm512_storeu_ps(out + c + 16, _mm512_permutex2var_ps(e, hi, o));
+  }
+#endif
 }
 
 }  // namespace
 
 #if defined(HINA_EMU_AMX)
 const AttnMicroKernel attn_microkernel_amx{
-    "amx-emulated", nullptr, {/*chunk_keys=*/32, /*block_rows=*/32}, pack_q, scores, softmax_step, pv, unpack_o};
+    "amx-emulated", nullptr, {kChunkKeys, /*block_rows=*/32, /*stage_strided=*/false}, pack_q, scores, softmax_step, pv, unpack_o};
 #else
 const AttnMicroKernel attn_microkernel_amx{
-    "amx", "amx", {/*chunk_keys=*/32, /*block_rows=*/32}, pack_q, scores, softmax_step, pv, unpack_o};
+    "amx", "amx", {kChunkKeys, /*block_rows=*/32, /*stage_strided=*/false}, pack_q, scores, softmax_step, pv, unpack_o};
 #endif
 
 }  // namespace hina

@@ -1,0 +1,80 @@
+// The AVX-512 vector steps the attention micro-kernels share: the AVX-512 BF16 kernel
+// (attention_avx512.cpp, real and SIMDe-emulated) and the AMX kernel's non-tile steps
+// (attention_amx.cpp: every AMX CPU has AVX-512 BF16). The including file brings the intrinsics
+// (<immintrin.h> or SIMDe's), so this header works under both.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace hina {
+namespace vec512 {
+
+inline float hsum16(__m512 v) {
+#if defined(HINA_EMU_AVX512)   // SIMDe has no _mm512_reduce_add_ps
+  alignas(64) float f[16];
+  _mm512_storeu_ps(f, v);
+  float s = 0.f;
+  for (int i = 0; i < 16; ++i) s += f[i];
+  return s;
+#else
+  return _mm512_reduce_add_ps(v);
+#endif
+}
+
+// 2^x: round to nearest, degree-6 polynomial on [-1/2, 1/2] (rel. error ~1e-7); x below -126 (and a
+// masked key's -inf) gives exactly 0.
+inline __m512 exp2_ps(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-126.f);
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_NGE_UQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512i xi_i = _mm512_cvtps_epi32(x);
+  const __m512 f = _mm512_sub_ps(x, _mm512_cvtepi32_ps(xi_i));
+  __m512 p = _mm512_set1_ps(1.540353039e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.333355815e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129108e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265070e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471806e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(xi_i, _mm512_set1_epi32(127)), 23);
+  const __m512 r = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  return _mm512_mask_blend_ps(underflow, r, _mm512_setzero_ps());
+}
+
+// The online-softmax step of AttnMicroKernel::softmax_step (ops/attention.h), 16 keys per vector.
+// Keys [nkeys, round-up-16) of each row are set to -inf first, so they come out as exactly 0.
+inline void softmax_step(float* S, int lds, int nrows, int nkeys, float* m, float* l, float* O, int d) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const int n16 = (nkeys + 15) & ~15;   // <= lds (chunk_keys is a multiple of 16)
+  for (int r = 0; r < nrows; ++r) {
+    float* s = S + int64_t(r) * lds;
+    for (int j = nkeys; j < n16; ++j) s[j] = ninf;
+    __m512 vmax = _mm512_set1_ps(m[r]);
+    for (int j = 0; j < n16; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
+    const float mx = _mm512_reduce_max_ps(vmax);
+    if (mx == ninf) {
+      for (int j = 0; j < n16; j += 16) _mm512_storeu_ps(s + j, _mm512_setzero_ps());
+      continue;
+    }
+    const __m512 vm = _mm512_set1_ps(mx);
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < n16; j += 16) {
+      const __m512 p = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm));
+      _mm512_storeu_ps(s + j, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    const float alpha = m[r] == ninf ? 0.f : std::exp2(m[r] - mx);
+    l[r] = l[r] * alpha + hsum16(sum);
+    m[r] = mx;
+    if (alpha != 1.f) {
+      const __m512 a = _mm512_set1_ps(alpha);
+      float* o = O + int64_t(r) * d;
+      for (int i = 0; i < d; i += 16) _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_loadu_ps(o + i), a));
+    }
+  }
+}
+
+}  // namespace vec512
+}  // namespace hina
