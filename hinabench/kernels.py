@@ -414,5 +414,6 @@ def scratch_bytes(isa: str = "auto") -> int:
 
 
 # Decode / extend attention (paper Section 6): its own module, re-exported here.
-from .kernels_attention import (attention_isas, attention_last_schedule, decode_attention,  # noqa: E402
-                                extend_attention, resolve_attention_isa)
+from .kernels_attention import (AttentionPlan, attention_isas, attention_last_schedule,  # noqa: E402
+                                decode_attention, decode_attention_plan, extend_attention,
+                                extend_attention_plan, resolve_attention_isa)

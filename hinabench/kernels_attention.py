@@ -2,6 +2,7 @@
 Re-exported by hinabench.kernels: `from hinabench.kernels import decode_attention, extend_attention`.
 
     out = decode_attention(q, k_cache, v_cache, seq_lens, block_table=None)           # one token each
+    plan = decode_attention_plan(q, k_cache, v_cache, seq_lens, ...); out = plan()    # checked once, run often
     out = extend_attention(q, k_cache, v_cache, prefix_lens, extend_lens, block_table=None)
 
 The KV cache is read in place, in the framework's layout (never copied or repacked):
@@ -85,8 +86,22 @@ def _ints(name: str, t, B: int) -> list[int]:
     return t.tolist()
 
 
-def _attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ql: list[int], kl: list[int],
-               block_table, head_major: bool, sm_scale, isa: str, threads, kv_splits: int) -> torch.Tensor:
+class AttentionPlan:
+    """One attention call, checked and laid out once; calling it runs the operator into `out` (the same
+    tensor every call) and returns it. What a framework does per decode step: the lengths, the block
+    table and the strides are the step's metadata, built once and shared by every layer.
+    The tensors it was made from are kept alive and must keep their shapes; their contents may change."""
+
+    def __init__(self, fn, out: torch.Tensor, keep: tuple):
+        self._fn, self.out, self._keep = fn, out, keep
+
+    def __call__(self) -> torch.Tensor:
+        self._fn()
+        return self.out
+
+
+def _plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ql: list[int], kl: list[int],
+          block_table, head_major: bool, sm_scale, isa: str, threads, kv_splits: int) -> AttentionPlan:
     # Lengths are checked as Python ints: at a decode step's short contexts a few torch ops here cost
     # as much as the kernel.
     _bf16("q", q, 3)
@@ -145,31 +160,48 @@ def _attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ql
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     lens = torch.tensor([0, *itertools.accumulate(ql), *kl], dtype=torch.int32)   # q_start [B+1], kv_len [B]
     out = torch.empty(T, h_q, d, dtype=torch.bfloat16)
-    _module(isa).attention(q=q.data_ptr(), q_ts=q.stride(0), q_hs=q.stride(1), out=out.data_ptr(),
-                           o_ts=out.stride(0), o_hs=out.stride(1), k=k_cache.data_ptr(), v=v_cache.data_ptr(),
-                           k_strides=list(ks), v_strides=list(vs), block_table=bt_ptr, bt_stride=bt_stride,
-                           block_size=block_size, num_blocks=num_blocks, B=B, h_q=h_q, h_kv=h_kv, d=d,
-                           q_start=lens.data_ptr(), kv_len=lens.data_ptr() + 4 * (B + 1), sm_scale=scale,
-                           kv_splits=int(kv_splits), isa=isa, threads=threads)
-    return out
+    fn = functools.partial(
+        _module(isa).attention, q=q.data_ptr(), q_ts=q.stride(0), q_hs=q.stride(1), out=out.data_ptr(),
+        o_ts=out.stride(0), o_hs=out.stride(1), k=k_cache.data_ptr(), v=v_cache.data_ptr(), k_strides=list(ks),
+        v_strides=list(vs), block_table=bt_ptr, bt_stride=bt_stride, block_size=block_size,
+        num_blocks=num_blocks, B=B, h_q=h_q, h_kv=h_kv, d=d, q_start=lens.data_ptr(),
+        kv_len=lens.data_ptr() + 4 * (B + 1), sm_scale=scale, kv_splits=int(kv_splits), isa=isa, threads=threads)
+    return AttentionPlan(fn, out, (q, k_cache, v_cache, bt if block_table is not None else None, lens))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens, *,
                      block_table=None, head_major: bool = False, sm_scale: float | None = None,
                      isa: str = "auto", threads: int | None = None, kv_splits: int = 0) -> torch.Tensor:
     """One new token per sequence; see the module docstring. kv_splits 0: chosen per call."""
+    return decode_attention_plan(q, k_cache, v_cache, seq_lens, block_table=block_table, head_major=head_major,
+                                 sm_scale=sm_scale, isa=isa, threads=threads, kv_splits=kv_splits)()
+
+
+def decode_attention_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens, *,
+                          block_table=None, head_major: bool = False, sm_scale: float | None = None,
+                          isa: str = "auto", threads: int | None = None, kv_splits: int = 0) -> AttentionPlan:
+    """decode_attention checked and laid out once (AttentionPlan): plan() runs it."""
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError("q must be [B, h_q, d]")
     B = int(q.shape[0])
     lens = _ints("seq_lens", seq_lens, B)
-    return _attention(q, k_cache, v_cache, [1] * B, lens, block_table, head_major, sm_scale, isa, threads,
-                      kv_splits)
+    return _plan(q, k_cache, v_cache, [1] * B, lens, block_table, head_major, sm_scale, isa, threads, kv_splits)
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens, extend_lens, *,
                      block_table=None, head_major: bool = False, sm_scale: float | None = None,
                      isa: str = "auto", threads: int | None = None, kv_splits: int = 0) -> torch.Tensor:
     """n new tokens per sequence over a cached prefix (rectangle + causal triangle, one online softmax)."""
+    return extend_attention_plan(q, k_cache, v_cache, prefix_lens, extend_lens, block_table=block_table,
+                                 head_major=head_major, sm_scale=sm_scale, isa=isa, threads=threads,
+                                 kv_splits=kv_splits)()
+
+
+def extend_attention_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens,
+                          extend_lens, *, block_table=None, head_major: bool = False,
+                          sm_scale: float | None = None, isa: str = "auto", threads: int | None = None,
+                          kv_splits: int = 0) -> AttentionPlan:
+    """extend_attention checked and laid out once (AttentionPlan): plan() runs it."""
     ext = torch.as_tensor(extend_lens)
     B = int(ext.shape[0]) if ext.dim() == 1 else -1
     if B < 1:
@@ -178,8 +210,8 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     pre = _ints("prefix_lens", prefix_lens, B)
     if min(pre) < 0:
         raise ValueError("prefix_lens must be >= 0")
-    return _attention(q, k_cache, v_cache, ext, [p + e for p, e in zip(pre, ext)], block_table, head_major,
-                      sm_scale, isa, threads, kv_splits)
+    return _plan(q, k_cache, v_cache, ext, [p + e for p, e in zip(pre, ext)], block_table, head_major, sm_scale,
+                 isa, threads, kv_splits)
 
 
 def attention_last_schedule(isa: str = "auto") -> dict:
