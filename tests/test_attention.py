@@ -245,3 +245,27 @@ def test_random_shapes_on_the_emulated_sources(isa, h_kv, G, d, lengths, phase, 
                                 seed=seed)
     data = p.materialize(rotate=False)
     check(data, call(data, isa=isa, threads=2), f"{isa} {p}")
+
+
+@pytest.mark.parametrize("isa", FAST)
+@pytest.mark.parametrize("phase", ["decode", "extend"])
+def test_a_plan_is_the_call_checked_once_and_reads_the_tensors_as_they_are_when_run(isa, phase):
+    d = AttentionProblem.create("qwen3-30b-a3b", phase, 2, 300, 17 if phase == "extend" else 1,
+                                layout="paged", ragged=True).materialize(rotate=False)
+    k, v, table = d.cache(0)
+    if phase == "decode":
+        plan = kernels.decode_attention_plan(d.q, k, v, d.kv_lens, block_table=table, isa=isa, threads=2)
+    else:
+        plan = kernels.extend_attention_plan(d.q, k, v, d.prefix_lens(), d.q_lens, block_table=table, isa=isa,
+                                             threads=2)
+    out = plan()
+    assert out is plan.out and plan() is out          # one output tensor, reused
+    check(d, out, f"{isa} {phase} plan")
+    assert torch.equal(out, call(d, isa=isa))
+    saved = d.q.clone()
+    d.q.mul_(-1)                                       # new contents, same tensor: the plan reads them
+    flipped = plan().clone()
+    assert torch.equal(flipped, call(d, isa=isa))
+    d.q.copy_(saved)
+    with pytest.raises(ValueError):                     # checked when made, as the call itself is
+        kernels.decode_attention_plan(d.q[:, :7], k, v, d.kv_lens, block_table=table, isa=isa)
