@@ -96,8 +96,9 @@ void check(const AttnCall& c) {
   }
 }
 
-// A software prefetch GCC 12 keeps: it deleted run_task's __builtin_prefetch loop over the next
-// chunk's records as dead code once that loop sat in a lambda (no prefetch left in the object).
+// A software prefetch GCC 12 keeps: after a rewrite of run_task's loop over the next chunk's records
+// (a lambda called per head), its __builtin_prefetch calls were gone from the object (no prefetch
+// instruction in the function; the cause was not pinned down). An asm statement cannot be dropped.
 inline void prefetch_line(const char* p) { __asm__ volatile("prefetcht0 %0" ::"m"(*p)); }
 
 inline const bf16_t* key_at(const AttnCall& c, const bf16_t* base, int64_t seq, int64_t tok, int64_t head,

@@ -8,16 +8,6 @@
 
 namespace hina {
 
-namespace {
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-}  // namespace
-
 // tdpbf16ps on full 16x16 fp32 tiles: 16 x 16 x 32 products x 2 = 16384 FLOP per instruction.
 double tdpbf16_amx(int64_t iters) {
   TileConfig cfg;

@@ -52,13 +52,6 @@ namespace {
 
 constexpr int kQOffset = 16;   // floats before the packed images (the scale, then padding to 64 bytes)
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id, start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 // Tile ops run at 16 cycles apiece but their results come much later, so each step keeps four
 // independent accumulation chains in flight (a single chain per 16 keys and per O block was ~3x slower).
 // scores: tmm0, tmm6, tmm7: K (A, keys x 64 B); tmm1: the Q^T image (B, 16 pairs x 4*rows);
@@ -97,12 +90,9 @@ void pack_q(const bf16_t* const* rows, int nrows, int d, float scale, float* qp)
   qp[0] = scale;
   const int groups = (nrows + 15) / 16, KB = blocks32(d);
   std::memset(qp + kQOffset, 0, size_t(groups) * KB * 1024);
+  uint32_t* img = q_image(qp, d, 0, 0);
   for (int r = 0; r < nrows; ++r)
-    for (int p = 0; p < d / 2; ++p) {
-      uint32_t pair;
-      std::memcpy(&pair, rows[r] + 2 * p, 4);
-      q_image(qp, d, r / 16, p / 16)[(p % 16) * 16 + r % 16] = pair;
-    }
+    for (int p = 0; p < d / 2; ++p) std::memcpy(img + bf16_b_pair_index(r, p, KB), rows[r] + 2 * p, 4);
 }
 
 // S[r][j0 + j] = C[j][r] * scale for the rows < rows and keys < nk of one S^T tile image (C: 16 keys

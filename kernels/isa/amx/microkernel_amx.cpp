@@ -50,23 +50,12 @@ constexpr int kTokTile = 16;  // tokens per B tile (16 pairs of K x 16 tokens x 
 constexpr int kNr = 32;       // W rows per micro-kernel step (two A tiles)
 constexpr int kMr = 32;       // tokens per micro-kernel step (two B tiles)
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id, start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 // ---- the packed (VNNI) layout of I and of the activation ---------------------------------------
 // [token group g = m / 16][K block kb = k / 32][pair kp][token m % 16][2]: each (g, kb) is one
 // 1 KiB B-tile image (stride 64 bytes), so the micro-kernel's B loads are contiguous.
 size_t packed_bytes(int M, int K) {
   const size_t groups = (size_t(M) + kTokTile - 1) / kTokTile;
   return groups * (size_t(K) / kKr) * 1024;
-}
-inline size_t vnni_pair_index(int m, int pair, int KB) {  // index of the 32-bit pair (k = 2*pair)
-  const int g = m / kTokTile, mi = m % kTokTile, kb = pair / 16, kp = pair % 16;
-  return ((size_t(g) * KB + kb) * 16 + kp) * 16 + mi;
 }
 
 // Transformation 1: the gather writes I directly as B tiles (a 16 x 16 transpose of bf16 pairs).
@@ -79,7 +68,7 @@ void pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K
     for (int p = 0; p < K / 2; ++p) {
       uint32_t pair;
       std::memcpy(&pair, src + 2 * p, 4);
-      dst[vnni_pair_index(m, p, KB)] = pair;
+      dst[bf16_b_pair_index(m, p, KB)] = pair;
     }
   }
 }
@@ -183,7 +172,7 @@ inline const uint8_t* token_group(const void* packed, int m0, int KB) {
 // (k / 2, token m) of the B tiles the down projection loads.
 struct Amx {
   static void put_act(void* act, int act_K, int m, int k, float v) {
-    static_cast<bf16_t*>(act)[2 * vnni_pair_index(m, k / 2, act_K / kKr) + (k & 1)] = f32_to_bf16(v);
+    static_cast<bf16_t*>(act)[2 * bf16_b_pair_index(m, k / 2, act_K / kKr) + (k & 1)] = f32_to_bf16(v);
   }
 };
 

@@ -46,13 +46,6 @@ namespace {  // internal linkage: see glue.h, LINKAGE
 
 constexpr int kTok = 16;  // tokens per B tile
 
-struct alignas(64) QTileConfig {
-  uint8_t palette_id, start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 // Packed operand: [token group][K/4][16 tokens][4 bytes] int8, then fp32 scale[M][K / group].
 size_t amx_packed_bytes(int M, int K, int group) {
   const size_t groups = (size_t(M) + kTok - 1) / kTok;
@@ -89,7 +82,7 @@ void amx_pack_act(const float* act, int M, int K, int group, void* out) {
 }
 
 void configure(int kstep, int mt) {
-  QTileConfig cfg{};
+  TileConfig cfg{};
   cfg.palette_id = 1;
   cfg.rows[0] = uint8_t(kstep / 4); cfg.colsb[0] = uint16_t(4 * mt);   // tmm0: B, the tokens
   cfg.rows[2] = 16;                 cfg.colsb[2] = uint16_t(kstep);    // tmm2: A, 16 W rows
@@ -168,18 +161,14 @@ void amxf8_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M,
   microkernel_amx_bf16.pack_tokens(x, ldx, rows, M, K, I);
 }
 
-// 32-bit pair (k = 2 * pair) of token m in that layout
-inline size_t f8_pair_index(int m, int pair, int KB) {
-  const int g = m / kTok, mi = m % kTok, kb = pair / 16, kp = pair % 16;
-  return ((size_t(g) * KB + kb) * 16 + kp) * 16 + mi;
-}
+// (bf16_b_pair_index, tiles.h: the 32-bit pair of token m in that layout)
 
 void amxf8_pack_act(const float* act, int M, int K, int, void* out) {
   bf16_t* dst = static_cast<bf16_t*>(out);
   std::memset(out, 0, amxf8_packed_bytes(M, K, 0));
   for (int m = 0; m < M; ++m)
     for (int k = 0; k < K; ++k)
-      dst[2 * f8_pair_index(m, k / 2, K / kF8Kr) + (k & 1)] = f32_to_bf16(act[int64_t(m) * K + k]);
+      dst[2 * bf16_b_pair_index(m, k / 2, K / kF8Kr) + (k & 1)] = f32_to_bf16(act[int64_t(m) * K + k]);
 }
 
 thread_local ThreadScratch<bf16_t> tl_wblk{nullptr, 0};   // the unpacked 32 x K bf16 W block
@@ -232,7 +221,7 @@ void unpack_rows(const int8_t* w, int64_t ldw, const float* s, int64_t lds, int 
 struct F8Shape { int mt0, mt1, a0, a1; };
 
 void f8_configure(F8Shape s) {
-  QTileConfig cfg{};
+  TileConfig cfg{};
   cfg.palette_id = 1;
   auto set = [&](int t, int rows, int colsb) { cfg.rows[t] = uint8_t(rows); cfg.colsb[t] = uint16_t(colsb); };
   set(0, 16, 4 * s.mt0);                           // tmm0: tokens m0 .. m0+mt0       (B)
