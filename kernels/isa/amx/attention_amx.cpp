@@ -26,8 +26,12 @@
 //     and 256 keys measured no better at DRAM (4096 keys: 0.61-0.68 vs 0.60-0.62 ms);
 //   - four independent accumulator tiles per step, sharing each Q tile load: 1.09 -> 1.07 ms;
 //   - scalar exp2 and per-element stores (the first version): the vector softmax and P images here.
-// Tried and not kept: the score tile's transpose by vpermt2ps rounds instead of a gather per row (no
-// change: 0.81 vs 0.81 ms); prefetching the next step's rows from inside the tile loops (no gain at
+//   - extend: tasks of 128 query rows instead of 32 (K and V read once per 128 rows; decode's groups are
+//     one token's, unchanged): 128 new tokens over 4096, B = 1: Mixtral 17.7 -> 13.5 ms, Qwen3 16.7 ->
+//     11.7 ms (64 rows: 14.1, 13.4), torch's SDPA 14.0-14.4 and 11.9-12.3 ms in the same runs.
+// Tried and not kept: the score tile's transpose by shuffles instead of a gather per query row (decode's
+// 8 rows, three rounds of vpermt2ps: 0.81 vs 0.81 ms; extend's 16, a 16 x 16 transpose: 14.0 and 11.4
+// ms, no change); prefetching the next step's rows from inside the tile loops (no gain at
 // DRAM, 0.58 -> 0.78 ms on L2-resident keys); staging the strided rows as the vector kernels do
 // (0.67 -> 0.78 ms). On this machine a core's streaming rate does not overlap its compute (a test loop
 // with software prefetch: a step of compute per 1 KiB lowered the rate as 1/(1/14 + 1/C) GB/s), so
@@ -38,7 +42,6 @@
 #include "isa/amx/tiles.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -455,10 +458,10 @@ void unpack_o(const float* O, int d, float scale, float* out) {
 
 #if defined(HINA_EMU_AMX)
 const AttnMicroKernel attn_microkernel_amx{
-    "amx-emulated", nullptr, {kChunkKeys, /*block_rows=*/32, /*stage_strided=*/false}, pack_q, scores, softmax_step, pv, unpack_o};
+    "amx-emulated", nullptr, {kChunkKeys, /*block_rows=*/128, /*stage_strided=*/false}, pack_q, scores, softmax_step, pv, unpack_o};
 #else
 const AttnMicroKernel attn_microkernel_amx{
-    "amx", "amx", {kChunkKeys, /*block_rows=*/32, /*stage_strided=*/false}, pack_q, scores, softmax_step, pv, unpack_o};
+    "amx", "amx", {kChunkKeys, /*block_rows=*/128, /*stage_strided=*/false}, pack_q, scores, softmax_step, pv, unpack_o};
 #endif
 
 }  // namespace hina
