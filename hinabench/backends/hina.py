@@ -61,26 +61,18 @@ class _Hina(Backend):
 
     def prepare(self, data) -> None:
         super().prepare(data)  # checks only: no packing, no conversion, no copy
-        self._plans = {}
-        if data.problem.kind == "attention":   # every group's, so that no timed call builds one
-            for g in range(data.groups):
-                self._attention_plan(g)
+        # attention: every rotation group's call checked and laid out here, outside the timed loop (as
+        # vLLM's scheduler metadata is for vllm:attn): what a framework builds once per decode step
+        self._plans = [self._attention_plan(g) for g in range(data.groups)] if data.problem.kind == "attention" else []
 
     def _attention_plan(self, group: int):
-        """The call on rotation group `group`'s cache, checked and laid out once (outside the timed loop,
-        as vLLM's scheduler metadata is for vllm:attn): what a framework builds once per decode step."""
-        plan = self._plans.get(group)
-        if plan is None:
-            d = self.data
-            k, v, table = d.cache(group)
-            if d.problem.phase == "decode":
-                plan = kernels.decode_attention_plan(d.q, k, v, d.kv_lens, block_table=table, isa=self.isa,
-                                                     threads=self.threads)
-            else:
-                plan = kernels.extend_attention_plan(d.q, k, v, d.prefix_lens(), d.q_lens, block_table=table,
-                                                     isa=self.isa, threads=self.threads)
-            self._plans[group] = plan
-        return plan
+        d = self.data
+        k, v, table = d.cache(group)
+        if d.problem.phase == "decode":
+            return kernels.decode_attention_plan(d.q, k, v, d.kv_lens, block_table=table, isa=self.isa,
+                                                 threads=self.threads)
+        return kernels.extend_attention_plan(d.q, k, v, d.prefix_lens(), d.q_lens, block_table=table, isa=self.isa,
+                                             threads=self.threads)
 
     def run_linear(self, group: int) -> torch.Tensor:
         d = self.data
@@ -88,7 +80,7 @@ class _Hina(Backend):
 
     def run_attention(self, group: int) -> torch.Tensor:
         """Decode or extend attention on the cache of rotation group `group`, read in place."""
-        return self._attention_plan(group)()
+        return self._plans[group]()
 
     def run_ffn(self, group: int) -> torch.Tensor:
         d = self.data
