@@ -76,6 +76,7 @@ extern const QuantMicroKernel quant_microkernel_amx_fp8;
 #else
 extern const QuantMicroKernel quant_microkernel_avx2_int8;
 extern const QuantMicroKernel quant_microkernel_avx2_fp8;
+extern const QuantMicroKernel quant_microkernel_avx2_fp8_spread;   // for quant_amx.cpp's few-token experts
 extern const QuantMicroKernel quant_microkernel_avx512_int8;
 extern const QuantMicroKernel quant_microkernel_amx_int8;
 extern const QuantMicroKernel quant_microkernel_amx_fp8;

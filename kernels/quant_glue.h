@@ -16,6 +16,7 @@
 #pragma once
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "numeric.h"
 #include "quant.h"
@@ -33,12 +34,21 @@ inline size_t a64(size_t n) { return (n + 63) & ~size_t(63); }
 //   rows[M]      W rows per tile;
 //   prefetch[M]  0: none; 2: while a tile streams its rows, the next tile's rows are prefetched into
 //                L2 (the tile's own loads then find them there: more lines in flight per core);
-//   interleave   gate_up's tiles take gate and up rows alternately (two streams far apart per core).
+//   interleave   gate_up's tiles take gate and up rows alternately (two streams far apart per core);
+//   spread       a tile's rows are a task's n / R rows apart (tile t: rows t, t + n/R, ...; with
+//                interleave, pairs of gate and up rows), not adjacent: each row of a tile is then its own
+//                stream in its own pages, and each stream goes on into the next tile (row t + 1). On the
+//                2-vCPU Sapphire Rapids (2026-12-01, Qwen3-30B-A3B int8, T = 1, 2 threads, weights
+//                streamed from DRAM): AVX-512 VNNI 1.91 -> 1.65 ms, AVX2 int8 2.02 -> 1.73, AVX2 fp8
+//                2.33 -> 1.81 (64-row tasks). The AVX2 kernels keep it off: their blocking was chosen on
+//                Zen 3, where this was not measured; the AMX CPUs' few-token FP8 path runs the AVX2
+//                FP8 kernel with it on (quant_microkernel_avx2_fp8_spread).
 // More tokens: rows[0] rows x kTokTile tokens per tile, K in blocks of 1024, no prefetch.
 struct QBlocking {
   int rows[kTokTile + 1];
   int prefetch[kTokTile + 1];
   bool interleave;
+  bool spread;
 };
 
 template <int N> struct IntC { static constexpr int value = N; };
@@ -80,17 +90,39 @@ inline float* i8_s(const void* p, int M, int K) {
   return reinterpret_cast<float*>(const_cast<char*>(static_cast<const char*>(p)) + a64(size_t(M) * K * sizeof(Q)));
 }
 
-// One token's K values (fp32) quantized per group: hinabench.quant.quantize_act's steps.
+// One token's K values (fp32) quantized per group: hinabench.quant.quantize_act's steps, eight lanes
+// at a time in GCC's vector extensions (each ISA file's flags pick the instructions; the scalar
+// fmax/nearbyint form compiled to libm calls and was ~15% of a Qwen3-30B-A3B T = 8 call on AMX from
+// L3). Rounding is to nearest even by the 1.5 * 2^23 add and subtract (exact for |x| < 2^22; the
+// values are within [-127, 127] but for an infinite scale, which the clamp takes), as nearbyint under
+// the default MXCSR; a NaN maps to -127, as the scalar form did.
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+
 template <class Q, int kOffset>
+__attribute__((optimize("fp-contract=off")))   // x * inv rounded before the add, as the reference does
 inline void quantize_row(const float* v, int K, int group, Q* q, float* s) {
+  const f32x8 zero = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  const f32x8 magic = zero + 12582912.f, lo = zero - 127.f, hi = zero + 127.f;
   for (int k0 = 0; k0 < K; k0 += group) {
+    f32x8 m = zero;
+    for (int k = k0; k < k0 + group; k += 8) {
+      f32x8 x;
+      std::memcpy(&x, v + k, sizeof x);
+      const f32x8 a = x < zero ? -x : x;
+      m = a > m ? a : m;
+    }
     float amax = 0.f;
-    for (int k = k0; k < k0 + group; ++k) amax = std::fmax(amax, std::fabs(v[k]));
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    for (int k = k0; k < k0 + group; ++k) {
-      float r = std::nearbyint(v[k] * inv);          // round half to even (default MXCSR)
-      r = std::fmin(127.f, std::fmax(-127.f, r));
-      q[k] = Q(int(r) + kOffset);
+    for (int j = 0; j < 8; ++j) amax = m[j] > amax ? m[j] : amax;
+    const f32x8 inv = zero + (amax > 0.f ? 127.f / amax : 0.f);
+    for (int k = k0; k < k0 + group; k += 8) {
+      f32x8 x;
+      std::memcpy(&x, v + k, sizeof x);
+      f32x8 r = (x * inv + magic) - magic;
+      r = r > lo ? r : lo;
+      r = r < hi ? r : hi;
+      const i32x8 qi = __builtin_convertvector(r, i32x8) + kOffset;
+      for (int j = 0; j < 8; ++j) q[k + j] = Q(qi[j]);
     }
     s[k0 / group] = amax / 127.f;
   }
@@ -206,6 +238,18 @@ void mm(const int8_t* const* rows, const float* const* srows, int n, const void*
   }
 }
 
+// QBlocking::spread: the list position of natural unit u of U when each tile takes `per` consecutive
+// positions, so that the units of one tile are U / per apart (tile t: t, t + S, t + 2S, ...).
+inline int spread_pos(int u, int U, int per) {
+  if (per <= 1 || U % per) return u;
+  const int S = U / per;
+  return (u % S) * per + u / S;
+}
+template <class Kn>
+constexpr int tile_rows(int M) { return M <= kTokTile ? Kn::kBlocking.rows[M] : Kn::kBlocking.rows[0]; }
+
+thread_local ThreadScratch<float> tl_c2{nullptr, 0};   // the sums back in row order (spread)
+
 // Gate and up rows in one pass (interleaved: gate j, up j, gate j+1, ... so every tile streams both
 // matrices), SiLU(gate)*up fused into the store (transformation 2).
 template <class Kn>
@@ -213,9 +257,11 @@ void q_gate_up(const QGateUpTask& t) {
   const int8_t** rows = tl_w.get(size_t(2) * t.n);
   const float** srows = tl_s.get(size_t(2) * t.n);
   constexpr bool il = Kn::kBlocking.interleave;
+  const int per = (Kn::kBlocking.spread && il) ? tile_rows<Kn>(t.M) / 2 : 1;
   for (int j = 0; j < t.n; ++j) {
     const int row = t.n0 + j;
-    const int g = il ? 2 * j : j, u = il ? 2 * j + 1 : t.n + j;
+    const int pj = spread_pos(j, t.n, per);
+    const int g = il ? 2 * pj : j, u = il ? 2 * pj + 1 : t.n + j;
     rows[g] = t.w_gate + int64_t(row) * t.ldw_gate;
     rows[u] = t.w_up + int64_t(row) * t.ldw_up;
     srows[g] = Kn::scale_row(t.s_gate, t.lds_gate, row, t.group);
@@ -223,6 +269,14 @@ void q_gate_up(const QGateUpTask& t) {
   }
   float* c = tl_c.get(size_t(2) * t.n * t.M);
   mm<Kn>(rows, srows, 2 * t.n, t.I, t.M, t.K, t.group, c);
+  if (per > 1) {
+    float* c2 = tl_c2.get(size_t(2) * t.n * t.M);
+    for (int j = 0; j < t.n; ++j) {
+      const int pj = spread_pos(j, t.n, per);
+      for (int h = 0; h < 2 * t.M; ++h) c2[int64_t(2 * j) * t.M + h] = c[int64_t(2 * pj) * t.M + h];
+    }
+    c = c2;
+  }
   if (il) store_act_f32(t.act, t.act_K, t.n0, t.n, t.M, c, c + t.M, 2 * int64_t(t.M));
   else store_act_f32(t.act, t.act_K, t.n0, t.n, t.M, c, c + int64_t(t.n) * t.M, t.M);
 }
@@ -231,12 +285,22 @@ template <class Kn>
 void q_down(const QDownTask& t) {
   const int8_t** rows = tl_w.get(size_t(t.n));
   const float** srows = tl_s.get(size_t(t.n));
+  const int per = Kn::kBlocking.spread ? tile_rows<Kn>(t.M) : 1;
   for (int j = 0; j < t.n; ++j) {
-    rows[j] = t.w + int64_t(t.n0 + j) * t.ldw;
-    srows[j] = Kn::scale_row(t.s, t.lds, t.n0 + j, t.group);
+    const int pj = spread_pos(j, t.n, per);
+    rows[pj] = t.w + int64_t(t.n0 + j) * t.ldw;
+    srows[pj] = Kn::scale_row(t.s, t.lds, t.n0 + j, t.group);
   }
   float* c = tl_c.get(size_t(t.n) * t.M);
   mm<Kn>(rows, srows, t.n, t.act, t.M, t.K, t.group, c);
+  if (per > 1) {
+    float* c2 = tl_c2.get(size_t(t.n) * t.M);
+    for (int j = 0; j < t.n; ++j) {
+      const int pj = spread_pos(j, t.n, per);
+      for (int m = 0; m < t.M; ++m) c2[int64_t(j) * t.M + m] = c[int64_t(pj) * t.M + m];
+    }
+    c = c2;
+  }
   store_y(t.y, t.ldy, t.n0, t.n, t.M, c);
 }
 

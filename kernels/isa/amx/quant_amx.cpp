@@ -1,30 +1,31 @@
 // The AMX-INT8 W8A8 micro-kernel (quant.h's contract): `tdpbssd` on weights in their general layout,
 // as the BF16 AMX kernel (microkernel_amx.cpp) does with `tdpbf16ps`.
 //
-//   A = W: 16 consecutive W rows x kstep int8 along K, loaded straight from the framework's tensor
-//       (stride = the row stride; kstep = min(group, 64) bytes, so a tile never spans two groups);
+//   A = W: 16 W rows (rs rows apart, see amx_mm) x kstep int8 along K, loaded straight from the
+//       framework's tensor (stride = rs x the row stride; kstep = min(group, 64) bytes, so a tile
+//       never spans two groups);
 //   B = the tokens' int8, packed by the gather (transformation 1) in the VNNI-4 layout: per group of
 //       16 tokens, row k/4 = [x[t][k .. k+3] for t = 0..15] (64 bytes); a B tile is kstep/4 rows;
 //   C = int32 [16 rows][tokens]: per group of g along K a fresh C (tilezero), the group's kstep
-//       steps of tdpbssd, then C stored to L1 and added in fp32 scaled by s_w[row][group] *
-//       s_x[token][group] (plain C++ on the stored tile, like the BF16 kernel's fused stores).
+//       steps of tdpbssd, four groups in flight in tmm4..7, then the four C stored to L1 and added
+//       with AVX-512 into sixteen fp32 vectors (one per row, 16 tokens) scaled by s_w[row][group] *
+//       s_x[tokens][group] (the packed scales are [token group][group][16 tokens] for that).
 // The SiLU(gate)*up intermediate is stored in fp32 and re-quantized per token and group by pack_act
 // into the same VNNI-4 layout for the down projection (quant_glue.h's stores).
-// Per group the scale step touches every C element once: a real AMX kernel would keep more in
-// tiles (two A x two B tiles, as the BF16 kernel) and scale with AVX-512; this one was written for
-// correctness first, on the tile emulator. On real AMX (2026-12-01, 2 vCPUs of a Xeon; results/
-// intel-f6m167-2t-1n/fig11-amx.csv) it passes every test and is 1.66x hina BF16 at Mixtral T = 1, but
-// reaches only 0.62-0.69 of the roofline on Mixtral at T <= 8 and 0.27-0.40 on Qwen3-30B-A3B's small
-// experts, slower there than the AVX2 INT8 kernel on the same CPU (1.95 vs 2.86 ms at T = 1): with
-// g = 128 a C tile lives for two tdpbssd before its scale step. perf (cpu-clock, Qwen3 T = 1) says
-// otherwise, though: ~70% of the samples sit on the W TILELOADDT1s and the scale pass barely shows;
-// each A tile is 16 lines from 16 rows, and with 16 tiles of state there are few loads in flight.
-// Tried and not kept (2026-12-01, same machine, interleaved runs, 2 threads): two A tiles per B
-// tile (32 rows a step, tmm3 and tmm6), the scales of a group as one 16-token vector (the scale pass
-// vectorized), and the next 32 rows prefetched into L2 at the same offsets: Qwen3 T = 1 / 4 / 16
-// 2.82 / 3.15 / 3.71 ms against 2.86 / 3.47 / 4.29 before, but Mixtral T = 1 / 16 29.7 / 33.4 ms
-// against 15.1 / 19.5 (the prefetches stall on full fill buffers: 16% of the samples), and still
-// 19.3 / 22.3 ms without the prefetch.
+// History (2026-12-01, 2 vCPUs of a Xeon with AMX, 2 threads, weights from DRAM):
+// - First written for correctness on the tile emulator: one C tile chained through every group, and
+//   the scale step in scalar C++ per group. 0.62-0.69 of the roofline on Mixtral at T <= 8, 0.27-0.40
+//   on Qwen3-30B-A3B; perf put ~70% of the samples on the W tile loads.
+// - Tried then and not kept: two A tiles per B tile (32 rows a step), the scale step vectorized and the
+//   next 32 rows prefetched into L2, together: Qwen3 T = 1 / 4 / 16 2.82 / 3.15 / 3.71 ms against
+//   2.86 / 3.47 / 4.29, but Mixtral T = 1 / 16 29.7 / 33.4 against 15.1 / 19.5 (the prefetches stalled
+//   on full fill buffers), 19.3 / 22.3 without the prefetch.
+// - Now (each step measured alone, Qwen3-30B-A3B T = 8, all 8 experts, median of 300 calls): four
+//   groups in flight with the vectorized scale step 3.78 -> 2.79 ms; the token quantization
+//   vectorized (quant_glue.h) 2.53; the rows of a tile spread over pages (kRowSpread) and 256-row
+//   tasks 2.01. A copy of the tile's 16 rows into a contiguous buffer first (read as one stream),
+//   L2 or L1 prefetches of the next tile's rows (in their memory order, or at the same offsets) and
+//   of the same rows 512 / 1024 bytes ahead were all slower (2.5-4.6 ms at their stages).
 // Kept instead: with M <= 4 tokens an expert's gate/up and down run on the AVX-512 VNNI kernel
 // (quant_avx512.cpp, vpdpbusd on the same int8 rows; every AMX CPU has it), as SGLang's and
 // kt-kernel's INT8 MoE use AVX-512 for few tokens and AMX for many: Qwen3 T = 1 / 2 / 4 1.81 / 1.92 /
@@ -37,6 +38,7 @@
 // emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated").
 #include "isa/amx/tiles.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "quant_glue.h"
@@ -46,10 +48,11 @@ namespace {  // internal linkage: see glue.h, LINKAGE
 
 constexpr int kTok = 16;  // tokens per B tile
 
-// Packed operand: [token group][K/4][16 tokens][4 bytes] int8, then fp32 scale[M][K / group].
+// Packed operand: [token group][K/4][16 tokens][4 bytes] int8, then the fp32 scales as
+// [token group][K / group][16 tokens] (a group's scales of 16 tokens are one vector for the scale step).
 size_t amx_packed_bytes(int M, int K, int group) {
   const size_t groups = (size_t(M) + kTok - 1) / kTok;
-  return a64(groups * size_t(K) * kTok) + size_t(M) * (K / group) * sizeof(float);
+  return a64(groups * size_t(K) * kTok) + groups * kTok * (K / group) * sizeof(float);
 }
 inline float* amx_scales(const void* p, int M, int K) {
   const size_t groups = (size_t(M) + kTok - 1) / kTok;
@@ -57,17 +60,25 @@ inline float* amx_scales(const void* p, int M, int K) {
 }
 
 thread_local ThreadScratch<int8_t> tl_q{nullptr, 0};  // one token's int8 row before it is scattered into the layout
+thread_local ThreadScratch<float> tl_qs{nullptr, 0};  // and its scales
 
 // Token m's K values v quantized per group (quant_glue.h's quantize_row) and written in VNNI-4 order.
 inline void put_token(const float* v, int m, int K, int group, void* out, int M) {
   int8_t* qrow = tl_q.get(size_t(K));
-  quantize_row<int8_t, 0>(v, K, group, qrow, amx_scales(out, M, K) + int64_t(m) * (K / group));
+  const int G = K / group;
+  float* qs = tl_qs.get(size_t(G));
+  quantize_row<int8_t, 0>(v, K, group, qrow, qs);
+  float* sg = amx_scales(out, M, K) + size_t(m / kTok) * G * kTok + m % kTok;
+  for (int gi = 0; gi < G; ++gi) sg[size_t(gi) * kTok] = qs[gi];
   int8_t* g = static_cast<int8_t*>(out) + size_t(m / kTok) * K * kTok;
   for (int k = 0; k < K; k += 4) std::memcpy(g + (size_t(k) / 4 * kTok + m % kTok) * 4, qrow + k, 4);
 }
 
+// Tokens past M (to the next 16) stay zero, scales too.
+void clear_packed(int M, int K, int group, void* I) { std::memset(I, 0, amx_packed_bytes(M, K, group)); }
+
 void amx_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int group, void* I) {
-  std::memset(I, 0, ((size_t(M) + kTok - 1) / kTok) * size_t(K) * kTok);  // tokens past M stay zero
+  clear_packed(M, K, group, I);
   float* v = tl_row.get(size_t(K));
   for (int m = 0; m < M; ++m) {
     const bf16_t* src = x + int64_t(rows[m]) * ldx;
@@ -77,47 +88,129 @@ void amx_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, i
 }
 
 void amx_pack_act(const float* act, int M, int K, int group, void* out) {
-  std::memset(out, 0, ((size_t(M) + kTok - 1) / kTok) * size_t(K) * kTok);
+  clear_packed(M, K, group, out);
   for (int m = 0; m < M; ++m) put_token(act + int64_t(m) * K, m, K, group, out, M);
 }
+
+// Tiles: tmm0/tmm1 B (the tokens' kstep slice, two in turn), tmm2/tmm3 A (16 W rows, in turn), tmm4..7
+// C: four groups in flight, so that the tdpbssd chains, the stores and the scale step of one group
+// overlap the next group's (one C tile for every group, as first written, chained all of them).
+constexpr int kFlight = 4;
 
 void configure(int kstep, int mt) {
   TileConfig cfg{};
   cfg.palette_id = 1;
-  cfg.rows[0] = uint8_t(kstep / 4); cfg.colsb[0] = uint16_t(4 * mt);   // tmm0: B, the tokens
-  cfg.rows[2] = 16;                 cfg.colsb[2] = uint16_t(kstep);    // tmm2: A, 16 W rows
-  cfg.rows[4] = 16;                 cfg.colsb[4] = uint16_t(4 * mt);   // tmm4: C = tmm2 x tmm0
+  for (int b = 0; b < 2; ++b) { cfg.rows[b] = uint8_t(kstep / 4); cfg.colsb[b] = uint16_t(4 * mt); }
+  for (int a = 2; a < 4; ++a) { cfg.rows[a] = 16; cfg.colsb[a] = uint16_t(kstep); }
+  for (int c = 4; c < 4 + kFlight; ++c) { cfg.rows[c] = 16; cfg.colsb[c] = uint16_t(4 * mt); }
   _tile_loadconfig(&cfg);
 }
 
-// c[j * M + m] for rows j < n (row 0 at w0 + n0 * ldw) x all M tokens.
+// The fp32 sums of 16 rows x 16 tokens, across the groups: sixteen vectors on AVX-512, plain floats on
+// the emulator. add(C, sw, sx): sums[r][t] += C[r][t] * sw[r] * sx[t] for one group's int32 tile C.
+#if defined(HINA_EMU_AMX)
+struct Sums16 {
+  float v[16][kTok];
+  Sums16() { for (auto& r : v) for (float& x : r) x = 0.f; }
+  void add(const int32_t* C, const float* const* sw, int gi, const float* sx) {
+    for (int r = 0; r < 16; ++r)
+      for (int t = 0; t < kTok; ++t) v[r][t] += float(C[r * kTok + t]) * (sw[r][gi] * sx[t]);
+  }
+  void store(float* c, int64_t ldc, int mt) const {
+    for (int r = 0; r < 16; ++r) for (int t = 0; t < mt; ++t) c[r * ldc + t] = v[r][t];
+  }
+};
+#else
+struct Sums16 {
+  __m512 v[16];
+  Sums16() { for (__m512& x : v) x = _mm512_setzero_ps(); }
+  void add(const int32_t* C, const float* const* sw, int gi, const float* sx) {
+    const __m512 vx = _mm512_loadu_ps(sx);
+    #pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r)
+      v[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(C + r * kTok)),
+                             _mm512_mul_ps(_mm512_set1_ps(sw[r][gi]), vx), v[r]);
+  }
+  void store(float* c, int64_t ldc, int mt) const {
+    const __mmask16 m = __mmask16((1u << mt) - 1u);
+    #pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) _mm512_mask_storeu_ps(c + r * ldc, m, v[r]);
+  }
+};
+#endif
+
+// The tile instructions by tile numbers known only at run time (they take immediates).
+inline void zero_c(int j) {
+  switch (j) { case 0: _tile_zero(4); break; case 1: _tile_zero(5); break;
+               case 2: _tile_zero(6); break; default: _tile_zero(7); break; }
+}
+inline void store_c(int j, int32_t* C) {
+  switch (j) { case 0: _tile_stored(4, C, kTok * 4); break; case 1: _tile_stored(5, C, kTok * 4); break;
+               case 2: _tile_stored(6, C, kTok * 4); break; default: _tile_stored(7, C, kTok * 4); break; }
+}
+// C tile 4 + j += A x B, the operands of buffer p (tmm2 x tmm0 or tmm3 x tmm1)
+inline void dp(int j, int p) {
+  switch (j * 2 + p) {
+    case 0: _tile_dpbssd(4, 2, 0); break;  case 1: _tile_dpbssd(4, 3, 1); break;
+    case 2: _tile_dpbssd(5, 2, 0); break;  case 3: _tile_dpbssd(5, 3, 1); break;
+    case 4: _tile_dpbssd(6, 2, 0); break;  case 5: _tile_dpbssd(6, 3, 1); break;
+    case 6: _tile_dpbssd(7, 2, 0); break;  default: _tile_dpbssd(7, 3, 1); break;
+  }
+}
+
+// c[j * M + m] for rows j < n (row 0 at w0 + n0 * ldw; n a multiple of 16) x all M tokens.
+// Per A tile of 16 rows, K in steps of kstep (a group is group / kstep steps); kFlight groups at a time,
+// one C tile each, their scale steps after the batch's four stores. Step i's operands go to buffer
+// i & 1, loaded before step i - 1's tdpbssd (and a batch's first before the previous batch's stores;
+// this ordering measured the same as loading each step's operands right before its tdpbssd).
+// The 16 rows of an A tile are rs rows apart (kRowSpread, fewer where n has no room): rows r0, r0 + rs,
+// ..., so each tile row streams from its own pages; the rs tiles of a block of 16 * rs rows follow one
+// another (row r0 + 1's stream continues row r0's). Qwen3-30B-A3B T = 8 (2 threads, DRAM; 2026-12-01):
+// adjacent rows 2.46 ms, rs = 2 / 4 2.31 / 2.21 (64-row tasks), rs = 8 / 16 2.01 / 2.01 (256-row tasks);
+// Mixtral's longer rows 65.0 -> 62.6 ms (T = 8 over all 8 experts).
+constexpr int kRowSpread = 8;
+
 void amx_mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int n0, int n, const void* I, int M,
             int K, int group, float* c) {
   const int kstep = group < 64 ? group : 64;
+  const int G = K / group, spg = group / kstep, steps = K / kstep;
   const int8_t* q = static_cast<const int8_t*>(I);
-  const float* sx = amx_scales(I, M, K);
-  alignas(64) int32_t C[16 * kTok];
-  for (int64_t i = 0; i < int64_t(n) * M; ++i) c[i] = 0.f;
+  const float* sx_all = amx_scales(I, M, K);
+  alignas(64) int32_t C[kFlight][16 * kTok];
+  const float* sw[16];
   for (int t0 = 0; t0 < M; t0 += kTok) {
     const int mt = M - t0 < kTok ? M - t0 : kTok;
     configure(kstep, mt);
     const int8_t* B = q + size_t(t0 / kTok) * K * kTok;
-    for (int r0 = 0; r0 < n; r0 += 16) {
+    const float* sx = sx_all + size_t(t0 / kTok) * G * kTok;
+    int rs = kRowSpread;
+    while (rs > 1 && n % (16 * rs)) rs /= 2;
+    for (int blk = 0; blk < n; blk += 16 * rs)
+    for (int jj = 0; jj < rs; ++jj) {
+      const int r0 = blk + jj;
       const int8_t* w = w0 + int64_t(n0 + r0) * ldw;
-      for (int k0 = 0, gi = 0; k0 < K; k0 += group, ++gi) {
-        _tile_zero(4);
-        for (int k = k0; k < k0 + group; k += kstep) {
-          _tile_loadd(0, B + size_t(k) / 4 * kTok * 4, kTok * 4);
-          _tile_loadd(2, w + k, long(ldw));
-          _tile_dpbssd(4, 2, 0);
+      const long lda = long(ldw) * rs;
+      auto load = [&](int i) {
+        const int k = i * kstep;
+        if (i & 1) { _tile_loadd(1, B + size_t(k) * kTok, kTok * 4); _tile_loadd(3, w + k, lda); }
+        else       { _tile_loadd(0, B + size_t(k) * kTok, kTok * 4); _tile_loadd(2, w + k, lda); }
+      };
+      for (int r = 0; r < 16; ++r) sw[r] = s0 + int64_t(n0 + r0 + r * rs) * lds;
+      Sums16 sums;
+      load(0);
+      for (int gb = 0; gb < G; gb += kFlight) {
+        const int nb = G - gb < kFlight ? G - gb : kFlight;
+        const int i0 = gb * spg, i1 = (gb + nb) * spg;
+        for (int j = 0; j < nb; ++j) zero_c(j);
+        for (int i = i0; i < i1; ++i) {
+          if (i + 1 < i1) load(i + 1);
+          dp((i - i0) / spg, i & 1);
         }
-        _tile_stored(4, C, kTok * 4);
-        for (int r = 0; r < 16; ++r) {
-          const float swr = s0[int64_t(n0 + r0 + r) * lds + gi];
-          float* cr = c + int64_t(r0 + r) * M + t0;
-          for (int t = 0; t < mt; ++t) cr[t] += float(C[r * kTok + t]) * (swr * sx[int64_t(t0 + t) * (K / group) + gi]);
-        }
+        if (i1 < steps) load(i1);
+        for (int j = 0; j < nb; ++j) store_c(j, C[j]);
+        for (int j = 0; j < nb; ++j) sums.add(C[j], sw, gb + j, sx + size_t(gb + j) * kTok);
       }
+      sums.store(c + int64_t(r0) * M + t0, int64_t(M) * rs, mt);
     }
   }
   _tile_release();
@@ -328,12 +421,12 @@ struct ByTokens {
   static void gate_up(const QGateUpTask& t) { of(t.M).gate_up(t); }
   static void down(const QDownTask& t) { of(t.M).down(t); }
   static constexpr QuantMicroKernel entry(Dtype dtype) {
-    return {"amx", dtype, "amx", /*task_rows=*/64, packed_bytes, pack_tokens, pack_act, gate_up, down};
+    return {"amx", dtype, "amx", /*task_rows=*/256, packed_bytes, pack_tokens, pack_act, gate_up, down};
   }
 };
 // INT8: M <= 4 on the AVX-512 VNNI kernel; FP8: M <= 4 on the AVX2 FP8 kernel
 using Int8ByTokens = ByTokens<quant_microkernel_avx512_int8, amx_int8_tiles, 4>;
-using Fp8ByTokens = ByTokens<quant_microkernel_avx2_fp8, amx_fp8_tiles, 4>;
+using Fp8ByTokens = ByTokens<quant_microkernel_avx2_fp8_spread, amx_fp8_tiles, 4>;
 }  // namespace
 const QuantMicroKernel quant_microkernel_amx_int8 = Int8ByTokens::entry(Dtype::int8);
 const QuantMicroKernel quant_microkernel_amx_fp8 = Fp8ByTokens::entry(Dtype::fp8);

@@ -182,7 +182,8 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const float* 
 //            8 rows with the prefetch at M = 1: 0.93x; 2 rows with it: 0.95x of the kept one;
 //            4 rows with it at M = 2: 0.82-0.92x; no prefetch at M = 2: 0.92x; 1 row at M = 3, 4:
 //            0.87-0.91x; the kept blocking without the interleave: 0.95-0.99x.
-constexpr QBlocking kAvx2Blocking{/*rows=*/{2, 4, 2, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true};
+constexpr QBlocking kAvx2Blocking{/*rows=*/{2, 4, 2, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
+                                  /*spread=*/false};
 
 struct Int8Kn {
   static constexpr Dtype dtype = Dtype::int8;
@@ -217,8 +218,20 @@ struct Fp8Kn {
   static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row / 128) * lds; }
 };
 
+// The same FP8 kernel with the rows of a tile spread (QBlocking::spread), for the AMX CPUs' few-token
+// experts (quant_amx.cpp): measured there, not on the AVX2-only machines this file was tuned on.
+struct Fp8SpreadKn : Fp8Kn {
+  static constexpr QBlocking kBlocking{kAvx2Blocking.rows[0], kAvx2Blocking.rows[1], kAvx2Blocking.rows[2],
+                                       kAvx2Blocking.rows[3], kAvx2Blocking.rows[4], kAvx2Blocking.prefetch[0],
+                                       kAvx2Blocking.prefetch[1], kAvx2Blocking.prefetch[2],
+                                       kAvx2Blocking.prefetch[3], kAvx2Blocking.prefetch[4], true, true};
+};
+
 }  // namespace
 
+const QuantMicroKernel quant_microkernel_avx2_fp8_spread{
+    "avx2", Dtype::fp8, "avx2", /*task_rows=*/256, f8_packed_bytes, f8_pack_tokens, f8_pack_act,
+    q_gate_up<Fp8SpreadKn>, q_down<Fp8SpreadKn>};
 const QuantMicroKernel quant_microkernel_avx2_int8{
     "avx2", Dtype::int8, "avx2", /*task_rows=*/64, i8_packed_bytes<int16_t>,
     i8_pack_tokens<int16_t, 0>, i8_pack_act<int16_t, 0>,
