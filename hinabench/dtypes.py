@@ -59,7 +59,7 @@ DTYPES: dict[str, DType] = {d.name: d for d in [
           "W8A8 group-wise symmetric int8: weights int8 + fp32 scale per (row, group of g along K); "
           "activations quantized per token and group at run time; int32 accumulation per group",
           scale_dtype="float32", default_group=128),
-    DType("fp8", torch.float8_e4m3fn, 1.0, "block-128x128", 5e-3, ("amx", "avx2"),
+    DType("fp8", torch.float8_e4m3fn, 1.0, "block-128x128", 5e-3, ("amx", "avx512", "avx2"),
           "weight-only fp8 e4m3 + fp32 128x128 block scales (DeepSeek-V3 weight_scale_inv); "
           "bf16 activations, fp32 accumulation",
           scale_dtype="float32", default_group=128),

@@ -35,12 +35,12 @@ const MicroKernel& find_microkernel(const std::string& isa, Dtype dtype) {
 const std::vector<const QuantMicroKernel*>& quant_microkernels() {
   static const std::vector<const QuantMicroKernel*> table{
 #if defined(HINA_EMU_AVX512)
-      &quant_microkernel_avx512_int8,
+      &quant_microkernel_avx512_int8, &quant_microkernel_avx512_fp8,
 #elif defined(HINA_EMU_AMX)
       &quant_microkernel_amx_int8, &quant_microkernel_amx_fp8,
 #else
       &quant_microkernel_avx2_int8, &quant_microkernel_avx2_fp8, &quant_microkernel_avx512_int8,
-      &quant_microkernel_amx_int8, &quant_microkernel_amx_fp8,
+      &quant_microkernel_avx512_fp8, &quant_microkernel_amx_int8, &quant_microkernel_amx_fp8,
 #endif
   };
   return table;

@@ -66,18 +66,20 @@ struct QuantMicroKernel {
 };
 
 // INT8: AVX2 (vpmaddwd), AVX-512 VNNI (vpdpbusd; also built on SIMDe as "avx512-emulated"), AMX
-// (tdpbssd; also built on the tile emulator as "amx-emulated"); FP8: AVX2, and AMX (W blocks unpacked
-// to bf16 for tdpbf16ps; also on the tile emulator). Not built: AVX-512 FP8.
+// (tdpbssd; also built on the tile emulator as "amx-emulated"); FP8: AVX2, AVX-512 (e4m3 -> bf16 for
+// vdpbf16ps; also on SIMDe), and AMX (W blocks unpacked to bf16 for tdpbf16ps; also on the tile
+// emulator).
 #if defined(HINA_EMU_AVX512)
 extern const QuantMicroKernel quant_microkernel_avx512_int8;
+extern const QuantMicroKernel quant_microkernel_avx512_fp8;
 #elif defined(HINA_EMU_AMX)
 extern const QuantMicroKernel quant_microkernel_amx_int8;
 extern const QuantMicroKernel quant_microkernel_amx_fp8;
 #else
 extern const QuantMicroKernel quant_microkernel_avx2_int8;
 extern const QuantMicroKernel quant_microkernel_avx2_fp8;
-extern const QuantMicroKernel quant_microkernel_avx2_fp8_spread;   // for quant_amx.cpp's few-token experts
 extern const QuantMicroKernel quant_microkernel_avx512_int8;
+extern const QuantMicroKernel quant_microkernel_avx512_fp8;
 extern const QuantMicroKernel quant_microkernel_amx_int8;
 extern const QuantMicroKernel quant_microkernel_amx_fp8;
 #endif

@@ -41,8 +41,7 @@ inline size_t a64(size_t n) { return (n + 63) & ~size_t(63); }
 //                2-vCPU Sapphire Rapids (2026-12-01, Qwen3-30B-A3B int8, T = 1, 2 threads, weights
 //                streamed from DRAM): AVX-512 VNNI 1.91 -> 1.65 ms, AVX2 int8 2.02 -> 1.73, AVX2 fp8
 //                2.33 -> 1.81 (64-row tasks). The AVX2 kernels keep it off: their blocking was chosen on
-//                Zen 3, where this was not measured; the AMX CPUs' few-token FP8 path runs the AVX2
-//                FP8 kernel with it on (quant_microkernel_avx2_fp8_spread).
+//                Zen 3, where this was not measured.
 // More tokens: rows[0] rows x kTokTile tokens per tile, K in blocks of 1024, no prefetch.
 struct QBlocking {
   int rows[kTokTile + 1];

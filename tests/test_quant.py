@@ -19,7 +19,7 @@ AVX2 = kernels.isa_status("avx2")[0]
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="this CPU lacks AVX2")
 # every quantized micro-kernel this machine can run: the real ones, and the AVX-512 VNNI source on SIMDe
 INT8_ISAS = [i for i in ("avx2", "avx512", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
-FP8_ISAS = [i for i in ("avx2", "amx", "amx-emulated") if kernels.isa_status(i)[0]]
+FP8_ISAS = [i for i in ("avx2", "avx512", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
 ISAS = {"int8": INT8_ISAS, "fp8": FP8_ISAS}
 
 
@@ -117,6 +117,32 @@ def test_quant_kernel_matches_the_quantized_reference(isa, scheme, g, T):
     _check_kernel(scheme, g, E=4, H=256, I=384, T=T, k=2, isa=isa)
 
 
+@pytest.mark.parametrize("isa", FP8_ISAS)
+@pytest.mark.parametrize("which", ["finite", "subnormal"])
+def test_fp8_kernels_read_every_e4m3_value(isa, which):
+    """Every finite e4m3 byte (zeros of both signs, the subnormals m * 2^-9, the largest, 448) in the
+    weights of each FP8 path, which turn them into fp32 or bf16 each its own way (the AVX-512 one
+    by a table for the subnormals); and weights of subnormals and zeros only, where a wrong value
+    of theirs is not lost among the larger ones. Their block scale is 64 there: the AVX2 kernel's bit
+    move computes with the weights 2^-120 lower, so a subnormal e4m3 is an fp32 subnormal in it, and
+    with the ~1e-8 intermediates a 1/448 scale gives, its products underflow (rel_err 0.88)."""
+    E, H, I, T = 1, 256, 128, 3
+    keep = (lambda b: b & 0x7F != 0x7F) if which == "finite" else (lambda b: b & 0x78 == 0)
+    codes = torch.tensor([b for b in range(256) if keep(b)], dtype=torch.uint8)   # 254 (no NaN) or 16
+    gen = torch.Generator().manual_seed(7)
+    def weight(N, K):
+        q = codes[torch.randint(len(codes), (E, N, K), generator=gen)].view(torch.float8_e4m3fn)
+        scale = torch.full((E, -(-N // 128), -(-K // 128)), 1 / 448.0 if which == "finite" else 64.0)
+        return quant.QuantWeight("fp8", q, scale, 128)
+    q13, qd = weight(2 * I, H), weight(H, I)
+    assert set(q13.q.view(torch.uint8).unique().tolist()) == set(codes.tolist())
+    x = torch.randn(T, H, generator=gen).bfloat16()
+    ids, tw = _routing(T, E, 1)
+    qref = quant.moe_ffn_quant_reference(x, q13.rows(0, I), q13.rows(I, 2 * I), qd, ids, tw)
+    out = kernels.moe_ffn_quant(x, q13, qd, ids, tw, isa=isa, threads=2)
+    assert rel_err(out, qref) <= get_dtype("fp8").tolerance
+
+
 def test_the_emulated_int8_kernels_are_built():
     """The AVX-512 VNNI and AMX-INT8 sources run here through SIMDe / the tile emulator (when the
     emulated modules were built)."""
@@ -144,7 +170,8 @@ def test_quant_kernel_random_shapes(scheme, g, h, i, T, E, threads, seed, which)
 @pytest.mark.parametrize("model,dtype,isa", [
     ("qwen3-30b-a3b", "int8", "avx2"), ("mixtral-8x7b", "int8", "avx2"),
     ("qwen3-30b-a3b", "fp8", "avx2"), ("mixtral-8x7b", "fp8", "avx2"),
-    ("qwen3-30b-a3b", "int8", "avx512-emulated"), ("qwen3-30b-a3b", "int8", "amx-emulated")])
+    ("qwen3-30b-a3b", "int8", "avx512-emulated"), ("qwen3-30b-a3b", "int8", "amx-emulated"),
+    ("qwen3-30b-a3b", "fp8", "avx512-emulated")])
 def test_quant_kernel_on_registry_shapes(model, dtype, isa):
     """The registry's expert shapes, through the problem (materialize quantizes as the framework would)."""
     if not kernels.isa_status(isa)[0]:

@@ -237,9 +237,11 @@ void amx_down(const QDownTask& t) {
 // block: W is converted once per call, not once per token group. Nothing persistent is repacked.
 // The tokens are bf16 VNNI pairs (the BF16 kernel's B layout); the SiLU(gate)*up intermediate is
 // rounded to bf16 for the down projection, as the BF16 kernels do.
-// With M <= 4 tokens an expert runs on the AVX2 FP8 kernel (quant_avx2.cpp) instead: there the
-// unpack pass would cost as much as the dot products it feeds. The emulated build runs the tiles for
-// every M.
+// With M <= 4 tokens an expert runs on the AVX-512 FP8 kernel (quant_avx512.cpp) instead: there the
+// unpack pass would cost as much as the dot products it feeds (the tiles at T = 2 / 4 for Qwen3-30B-A3B:
+// 3.5 / 3.5 ms against 2.1 / 3.0; 2026-12-01). The AVX2 FP8 kernel, which ran them before, measured
+// the same speed with its rows spread (1.61 / 2.16 / 2.96 ms at T = 1 / 2 / 4, against 1.66 / 2.10 /
+// 3.00) and 2.27 / - / 3.12 as it is. The emulated build runs the tiles for every M.
 // Measured (2026-12-01, 2 vCPUs of a Sapphire Rapids, side by side, median ms): Mixtral-8x7B T = 8 / 16
 // 26.6 / 27.8 against the AVX2 FP8 kernel's 62.3 / 107 and vLLM-CPU's FP8 (SGLang's kernel) 22.8 /
 // 24.5; Qwen3-30B-A3B 3.55 / 3.87 against 6.50 / 11.4 and 2.84 / 3.20. perf: the unpack pass is most of
@@ -424,9 +426,9 @@ struct ByTokens {
     return {"amx", dtype, "amx", /*task_rows=*/256, packed_bytes, pack_tokens, pack_act, gate_up, down};
   }
 };
-// INT8: M <= 4 on the AVX-512 VNNI kernel; FP8: M <= 4 on the AVX2 FP8 kernel
+// INT8: M <= 4 on the AVX-512 VNNI kernel; FP8: M <= 4 on the AVX-512 FP8 kernel (quant_avx512.cpp)
 using Int8ByTokens = ByTokens<quant_microkernel_avx512_int8, amx_int8_tiles, 4>;
-using Fp8ByTokens = ByTokens<quant_microkernel_avx2_fp8_spread, amx_fp8_tiles, 4>;
+using Fp8ByTokens = ByTokens<quant_microkernel_avx512_fp8, amx_fp8_tiles, 4>;
 }  // namespace
 const QuantMicroKernel quant_microkernel_amx_int8 = Int8ByTokens::entry(Dtype::int8);
 const QuantMicroKernel quant_microkernel_amx_fp8 = Fp8ByTokens::entry(Dtype::fp8);

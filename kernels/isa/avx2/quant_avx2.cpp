@@ -218,20 +218,8 @@ struct Fp8Kn {
   static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row / 128) * lds; }
 };
 
-// The same FP8 kernel with the rows of a tile spread (QBlocking::spread), for the AMX CPUs' few-token
-// experts (quant_amx.cpp): measured there, not on the AVX2-only machines this file was tuned on.
-struct Fp8SpreadKn : Fp8Kn {
-  static constexpr QBlocking kBlocking{kAvx2Blocking.rows[0], kAvx2Blocking.rows[1], kAvx2Blocking.rows[2],
-                                       kAvx2Blocking.rows[3], kAvx2Blocking.rows[4], kAvx2Blocking.prefetch[0],
-                                       kAvx2Blocking.prefetch[1], kAvx2Blocking.prefetch[2],
-                                       kAvx2Blocking.prefetch[3], kAvx2Blocking.prefetch[4], true, true};
-};
-
 }  // namespace
 
-const QuantMicroKernel quant_microkernel_avx2_fp8_spread{
-    "avx2", Dtype::fp8, "avx2", /*task_rows=*/256, f8_packed_bytes, f8_pack_tokens, f8_pack_act,
-    q_gate_up<Fp8SpreadKn>, q_down<Fp8SpreadKn>};
 const QuantMicroKernel quant_microkernel_avx2_int8{
     "avx2", Dtype::int8, "avx2", /*task_rows=*/64, i8_packed_bytes<int16_t>,
     i8_pack_tokens<int16_t, 0>, i8_pack_act<int16_t, 0>,
