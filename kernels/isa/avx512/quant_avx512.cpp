@@ -83,7 +83,10 @@ struct VnniKn {
   // Spread (QBlocking::spread) and 256-row tasks, on the same machine (Qwen3-30B-A3B T = 1 / 4, DRAM):
   // 1.91 / 2.11 ms -> 1.66 / 2.05 (spread) -> 1.58 / 1.90 (and 256 rows: the rows of a tile further
   // apart, fewer tasks).
-  static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 2, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
+  // 4 rows (two gate/up pairs) at M = 2 too, since the spread: T = 2 Qwen3 1.83 -> 1.61 ms, Mixtral (all 8
+  // experts) 55.7 -> 52.3; at M = 3 no change measured (1.80-1.95 vs 1.86 ms), at M = 4 slower (2.06 vs
+  // 1.77-1.90: 16 + 16 + 4 accumulators do not fit the 32 registers).
+  static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
                                        /*spread=*/true};
   template <int R, int TT, int PF>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int group,
