@@ -38,7 +38,7 @@ inline size_t a64(size_t n) { return (n + 63) & ~size_t(63); }
 //   spread       a tile's rows are a task's n / R rows apart (tile t: rows t, t + n/R, ...; with
 //                interleave, pairs of gate and up rows), not adjacent: each row of a tile is then its own
 //                stream in its own pages, and each stream goes on into the next tile (row t + 1). On the
-//                2-vCPU Sapphire Rapids (2026-12-01, Qwen3-30B-A3B int8, T = 1, 2 threads, weights
+//                2-vCPU AMX Xeon (2026-12-01, Qwen3-30B-A3B int8, T = 1, 2 threads, weights
 //                streamed from DRAM): AVX-512 VNNI 1.91 -> 1.65 ms, AVX2 int8 2.02 -> 1.73, AVX2 fp8
 //                2.33 -> 1.81 (64-row tasks). The AVX2 kernels keep it off: their blocking was chosen on
 //                Zen 3, where this was not measured.

@@ -108,9 +108,13 @@ struct VnniKn {
 // Per 32 weights of a row: the e4m3 bytes widened to 16 bits and moved into bf16's fields (exact: every
 // e4m3 value is a bf16 normal), then one vdpbf16ps per token against the token's 32 bf16 values; fp32
 // sums per 128-wide scale block, times the block's scale. The tokens are bf16 (x as it is; the
-// SiLU(gate)*up intermediate rounded to bf16, as the AMX FP8 tiles and the BF16 kernels do). Against
-// the AVX2 FP8 kernel (four fp32 FMAs per 8 weights per token after the conversion) it is ~1/4 of the
-// instructions at T = 4.
+// SiLU(gate)*up intermediate rounded to bf16, as the AMX FP8 tiles and the BF16 kernels do). Fewer
+// instructions than the AVX2 FP8 kernel (four fp32 FMAs per 8 weights per token after its conversion),
+// but not faster on the AMX Xeon (2026-12-01, Qwen3-30B-A3B T = 1 / 2 / 4: 1.66 / 2.10 / 3.00 ms against
+// 1.61 / 2.16 / 2.96 with the AVX2 kernel's rows spread): its conversion and the vdpbf16ps share ports
+// 0 and 5. Unlike the AVX2 kernel's bit move (weights 2^-120 low, fp32 subnormals for subnormal e4m3)
+// it keeps every weight a normal number (a product with a tiny activation can still underflow, and
+// vdpbf16ps flushes subnormals).
 // The bf16 is the e4m3 value times 2^8: its exponent field is e + 128 (bf16's bias 127 = e4m3's 7 + 120,
 // plus 8), and 128 is the field's top bit, above e4m3's four exponent bits, so the bias is an OR; the
 // 2^-8 goes into the block scale:
