@@ -38,7 +38,6 @@
 // emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated").
 #include "isa/amx/tiles.h"
 
-#include <cstdlib>
 #include <cstring>
 
 #include "quant_glue.h"
