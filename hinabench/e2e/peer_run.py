@@ -1,4 +1,4 @@
-"""What the peer engines' scripts (vllm_run.py, llamacpp_run.py) share: the request in, the result out.
+"""What the peer engines' scripts (vllm_run.py, llamacpp_run.py, ipex_run.py) share: the request in, the result out.
 
     python <engine>_run.py REQUEST.json RESULT.json
 

@@ -106,7 +106,7 @@ def run_e2e(cfg: E2EConfig, store, echo=print) -> list[dict]:
             ck = checkpoint(model, layers, cfg.seed, echo=echo)
             echo(f"{model} layers={layers}: {ck.path} ({ck.bytes / 1e9:.2f} GB, hash {ck.hash})")
             V = ck.config["vocab_size"]
-            val_ids = prompt_ids(V, 1, min(M.VALIDATE_TOKENS, cfg.prompt), cfg.seed + 1)
+            val_ids = M.validation_prompts(V, min(M.VALIDATE_TOKENS, cfg.prompt), cfg.seed)
             ref = None
             problems = [E2EProblem.create(model, layers, ph, b, cfg.prompt, cfg.gen)
                         for b in cfg.batches for ph in ("prefill", "decode")]
@@ -134,7 +134,7 @@ def run_e2e(cfg: E2EConfig, store, echo=print) -> list[dict]:
             gc.collect()
             hf_lp = next((r["logprob_err"] for r in rows_ip if r["backend"] == "hf"), None) if inproc else None
             for eng in runnable:
-                if eng == "vllm" or eng.startswith("llamacpp:"):
+                if eng in E.PEERS:
                     for r in _run_peer(cfg, ck, ref, problems, echo, envs, eng, hf_lp):
                         emit(r)
     return rows
@@ -168,7 +168,8 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
                      rel_err=v["rel_err"], tolerance=M.LOGIT_TOLERANCE, greedy_match=v["greedy_match"],
                      validation=f"teacher-forced logits of {ref.ids.shape[1]} tokens vs {ref.what}; argmax agree "
                                 f"{v['argmax_agree']:.2f} (random weights: near-uniform logits, argmax fragile)",
-                     logit_rel_err_hf=hf_err, logprob_err=v["logprob_err"], status="ok" if v["ok"] else "wrong",
+                     logit_rel_err_hf=hf_err, logprob_err=v["logprob_err"], router_margin=ref.router_margin,
+                     status="ok" if v["ok"] else "wrong",
                      reason=None if v["ok"] else ref.why_wrong(f"logits rel_err {v['rel_err']:.3g} > {M.LOGIT_TOLERANCE}"),
                      warmup=1)
             rows[(eng, p)] = r
@@ -252,13 +253,14 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
 
 
 def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str, hf_lp: float | None = None) -> list[dict]:
-    """An engine in its own env and process (vllm_run.py, llamacpp_run.py): request and result as JSON."""
+    """An engine in its own env and process (E.PEERS: vllm_run.py, llamacpp_run.py, ipex_run.py): request
+    and result as JSON."""
     V = ck.config["vocab_size"]
     req = {"path": str(ck.path), "batches": cfg.batches, "prompt": cfg.prompt, "gen": cfg.gen, "rounds": cfg.rounds,
            "validate_ids": ref.ids[0].tolist(), "greedy_steps": len(ref.greedy), "compile": cfg.vllm_compile,
            "threads": cfg.threads,
            "prompt_ids": {str(b): prompt_ids(V, b, cfg.prompt, cfg.seed + 100 + b).tolist() for b in cfg.batches}}
-    env_name, script = ("vllm", "vllm_run.py") if engine == "vllm" else ("llamacpp", "llamacpp_run.py")
+    env_name, script = E.PEERS[engine]
     tolerance = LOGPROB_TOLERANCE.get(engine, 0.05)
     rows = {p: _base(p, engine, cfg, ck) for p in problems}
     if engine.startswith("llamacpp:"):
@@ -312,19 +314,26 @@ def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str, hf_lp: float | No
         match += 1
     for p, r in rows.items():
         pt = res["points"].get(str(p.batch), {})
-        pkg = "vllm" if engine == "vllm" else "llama-cpp-python"
-        impl = ("vllm eager (compilation mode 0)" if not cfg.vllm_compile else "vllm compiled") if engine == "vllm" \
-            else f"llama.cpp GGUF {engine.split(':', 1)[1].upper()}, KV cache {res.get('kv_cache', 'f16')}"
-        r.update(engine_version=json.dumps({pkg: res.get("version")}), versions=json.dumps({pkg: res.get("version")}),
+        pkg = {"vllm": "vllm", "ipex": "intel-extension-for-pytorch"}.get(engine, "llama-cpp-python")
+        versions = {pkg: res.get("version")}
+        if engine == "vllm":
+            impl = "vllm eager (compilation mode 0)" if not cfg.vllm_compile else "vllm compiled"
+        elif engine == "ipex":
+            versions["transformers"] = res.get("transformers")
+            impl = f"ipex.llm.optimize bf16 deployment_mode, transformers {res.get('transformers')}"
+        else:
+            impl = f"llama.cpp GGUF {engine.split(':', 1)[1].upper()}, KV cache {res.get('kv_cache', 'f16')}"
+        r.update(engine_version=json.dumps(versions), versions=json.dumps(versions),
                  engine_impl=impl,
                  rel_err=err, tolerance=tolerance, greedy_match=f"{match}/{len(ref.greedy)}",
                  validation=f"max |delta log-prob| of {len(got)} prompt tokens vs {ref.what} (prompt_logprobs){own}",
-                 logprob_err=err, logprob_err_hf=hf_lp, status="ok" if ok else "wrong",
+                 logprob_err=err, logprob_err_hf=hf_lp, router_margin=ref.router_margin,
+                 status="ok" if ok else "wrong",
                  reason=None if ok else ref.why_wrong(f"prompt log-probs differ by {err:.3g} nats > {tolerance}{own}"),
                  load_other_cpus=round(other_cpus, 2), warmup=0)
         if not pt.get("ttft_s"):
             r.update(status="unsupported", reason=f"{engine}: no samples at batch {p.batch} "
-                     + ("(llama-cpp-python's Llama runs one sequence)" if engine != "vllm" else ""))
+                     + ("(llama-cpp-python's Llama runs one sequence)" if engine.startswith("llamacpp:") else ""))
             continue
         if p.phase == "prefill":
             _fill_timing(r, pt.get("ttft_s", []), p.batch * p.prompt)
@@ -338,4 +347,4 @@ def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str, hf_lp: float | No
 
 
 # nats, max over the prompt tokens, against the reference (Q8_0 weights move log-probs more than bf16's rounding)
-LOGPROB_TOLERANCE = {"vllm": 0.05, "llamacpp:bf16": 0.05, "llamacpp:q8_0": 0.25}
+LOGPROB_TOLERANCE = {"vllm": 0.05, "ipex": 0.05, "llamacpp:bf16": 0.05, "llamacpp:q8_0": 0.25}

@@ -27,7 +27,8 @@ class E2EProblem(Problem):
         "ffn_ms", "attn_ms", "ffn_share", "attn_share",       # per decode step, timers around the blocks
         "experts_touched", "layer_bytes", "step_bytes",       # what one decode step must read
         "validation", "logit_rel_err_hf", "greedy_match",
-        "logprob_err", "logprob_err_hf")                     # max |delta log-prob| of the prompt, nats
+        "logprob_err", "logprob_err_hf",                     # max |delta log-prob| of the prompt, nats
+        "router_margin")                                     # the validation prompt's closest router decision
 
     model: Model
     layers: int
