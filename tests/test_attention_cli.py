@@ -74,6 +74,23 @@ def test_vllm_cpu_attention_op_validates_on_a_ragged_paged_batch():
     assert r["rel_err"] < r["tolerance"] and r["versions"]["vllm_attn_isa"]
 
 
+@pytest.mark.skipif(not envs.usable("ipex")[0], reason=envs.usable("ipex")[1])
+@pytest.mark.parametrize("phase", ["decode", "extend"])
+def test_ipex_paged_attention_validates_on_a_ragged_paged_batch(phase):
+    """IPEX's decode and varlen ops on its own cache, filled by its own writer; on an AVX2-only CPU the
+    row is `unsupported` with the reason, never a crash."""
+    p = AttentionProblem.custom(16, 4, 128, [70, 33, 200], phase=phase, extend=5 if phase == "extend" else 1,
+                                layout="paged", block_size=32)
+    cfg = RunConfig(rounds=1, warmup=1, min_time=0.02, max_time=1.0, command="test")
+    r = {r["backend"]: r for r in run_point(p, ["ipex:paged-attn"], 1, cfg, data=p.materialize(rotate=False))}
+    r = r["ipex:paged-attn"]
+    if r["status"] == "unsupported":
+        assert "AVX-512" in r["reason"]
+        return
+    assert r["status"] == "ok", r["reason"]
+    assert r["rel_err"] < r["tolerance"] and r["extra_bytes"] >= p.weight_bytes
+
+
 @pytest.mark.skipif(not envs.usable("llamacpp")[0], reason=envs.usable("llamacpp")[1])
 @pytest.mark.parametrize("layout", ["paged", "contiguous"])
 def test_llamacpp_flash_attention_validates_on_a_ragged_extend_batch(layout):

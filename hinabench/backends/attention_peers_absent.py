@@ -22,14 +22,6 @@ class _Absent(Backend):
 
 
 @register
-class IpexPagedAttn(_Absent):
-    name = "ipex:paged-attn"
-    description = "IPEX PagedAttention / IndirectAccessKVCache decode attention (adapter not written)"
-    why = ("the adapter is not written (IPEX's paged decode attention over a block table, in the `ipex` env); "
-           "on a CPU without AVX-512 BW/VL/DQ IPEX refuses bf16 anyway (its bf16 prepack/brgemm paths; MACHINE-NOTES)")
-
-
-@register
 class SglangAttn(_Absent):
     name = "sglang:attn"
     description = "SGLang decode_attention_cpu / extend_attention_cpu (adapter not written)"
