@@ -248,7 +248,7 @@ PYBIND11_MODULE(_C, m) {
     d["avx2"] = f.avx2; d["fma"] = f.fma; d["f16c"] = f.f16c;
     d["avx512f"] = f.avx512f; d["avx512bw"] = f.avx512bw; d["avx512vl"] = f.avx512vl;
     d["avx512dq"] = f.avx512dq; d["avx512_bf16"] = f.avx512_bf16;
-    d["avx512_vnni"] = f.avx512_vnni; d["avx512_fp16"] = f.avx512_fp16;
+    d["avx512_vnni"] = f.avx512_vnni; d["avx512_fp16"] = f.avx512_fp16; d["avx512_vbmi"] = f.avx512_vbmi;
     d["amx_tile"] = f.amx_tile; d["amx_bf16"] = f.amx_bf16; d["amx_int8"] = f.amx_int8;
     d["os_avx512"] = f.os_avx512; d["os_amx"] = f.os_amx; d["amx_permission"] = f.amx_permission;
     return d;

@@ -13,7 +13,7 @@ namespace hina {
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
-  bool avx512_bf16 = false, avx512_vnni = false, avx512_fp16 = false;
+  bool avx512_bf16 = false, avx512_vnni = false, avx512_fp16 = false, avx512_vbmi = false;
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
   bool os_avx512 = false;     // XCR0 enables opmask/ZMM state
   bool os_amx = false;        // the kernel granted XTILEDATA to this process (ARCH_REQ_XCOMP_PERM)

@@ -35,6 +35,7 @@ CpuFeatures detect() {
   f.avx512bw = f.os_avx512 && ((b >> 30) & 1);
   f.avx512vl = f.os_avx512 && ((b >> 31) & 1);
   f.avx512_vnni = f.os_avx512 && ((c >> 11) & 1);
+  f.avx512_vbmi = f.os_avx512 && ((c >> 1) & 1);
   f.avx512_fp16 = f.os_avx512 && ((d >> 23) & 1);
   f.amx_bf16 = (d >> 22) & 1;
   f.amx_tile = (d >> 24) & 1;
@@ -68,6 +69,8 @@ bool isa_usable(const std::string& isa) {
   if (isa == "scalar") return true;
   if (isa == "avx2") return f.avx2 && f.fma;
   if (isa == "avx512") return f.avx512f && f.avx512bw && f.avx512vl && f.avx512_bf16;
+  // the AVX-512 FP8 kernel's byte tables (vpermt2b): every AVX512_BF16 CPU but Cooper Lake
+  if (isa == "avx512-vbmi") return isa_usable("avx512") && f.avx512_vbmi;
   if (isa == "amx") return f.amx_tile && f.amx_bf16 && f.os_amx && f.avx512f && f.avx512bw;
   return false;
 }

@@ -105,54 +105,57 @@ struct VnniKn {
 };
 
 // ================================ FP8 e4m3 weight-only, on AVX512_BF16 ============================
-// Per 32 weights of a row: the e4m3 bytes widened to 16 bits and moved into bf16's fields (exact: every
-// e4m3 value is a bf16 normal), then one vdpbf16ps per token against the token's 32 bf16 values; fp32
-// sums per 128-wide scale block, times the block's scale. The tokens are bf16 (x as it is; the
-// SiLU(gate)*up intermediate rounded to bf16, as the AMX FP8 tiles and the BF16 kernels do). Fewer
-// instructions than the AVX2 FP8 kernel (four fp32 FMAs per 8 weights per token after its conversion),
-// but not faster on the AMX Xeon (2026-12-01, Qwen3-30B-A3B T = 1 / 2 / 4: 1.66 / 2.10 / 3.00 ms against
-// 1.61 / 2.16 / 2.96 with the AVX2 kernel's rows spread): its conversion and the vdpbf16ps share ports
-// 0 and 5. Unlike the AVX2 kernel's bit move (weights 2^-120 low, fp32 subnormals for subnormal e4m3)
-// it keeps every weight a normal number (a product with a tiny activation can still underflow, and
-// vdpbf16ps flushes subnormals).
-// The bf16 is the e4m3 value times 2^8: its exponent field is e + 128 (bf16's bias 127 = e4m3's 7 + 120,
-// plus 8), and 128 is the field's top bit, above e4m3's four exponent bits, so the bias is an OR; the
-// 2^-8 goes into the block scale:
-//   t = (b << 8) >> 4 (arithmetic): sign in bits 15..11, exponent and mantissa (7 bits) in 10..4;
-//   normal (e != 0):   (t & 0x07F0) | 0x4000;
-//   subnormal (e = 0): m * 2^-9 * 2^8 from a table indexed by m (b's low five bits are m there);
-//   then the sign, t's bit 15. Seven instructions per 32 weights (a re-bias by an add, and the sign
-//   moved apart, took nine: the same speed at T = 4 from DRAM, 2026-12-01).
-#if defined(HINA_EMU_AVX512)   // SIMDe has no _mm512_testn_epi16_mask
-inline __mmask32 exponent_zero(__m512i b) {
-  return _mm512_cmpeq_epu16_mask(_mm512_and_si512(b, _mm512_set1_epi16(0x78)), _mm512_setzero_si512());
-}
-#else
-inline __mmask32 exponent_zero(__m512i b) { return _mm512_testn_epi16_mask(b, _mm512_set1_epi16(0x78)); }
-#endif
-inline __m512i f8_to_bf16(const int8_t* p, __m512i subnormals) {
-  // sign-extended: the steps below read only the low eight bits (cvtepu8 is not in SIMDe)
-  const __m512i b = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  const __m512i t = _mm512_srai_epi16(_mm512_slli_epi16(b, 8), 4);
-  __m512i v = _mm512_ternarylogic_epi32(t, _mm512_set1_epi16(0x07F0), _mm512_set1_epi16(0x4000), 0xEA);  // A&B | C
-  v = _mm512_mask_permutexvar_epi16(v, exponent_zero(b), b, subnormals);
-  return _mm512_ternarylogic_epi32(v, t, _mm512_set1_epi16(int16_t(0x8000)), 0xF8);                      // A | B&C
-}
-// bf16 of m * 2^-9 * 2^8 = m / 2, m = 0..7 (the rest unused)
-alignas(64) constexpr uint16_t kF8Subnormal[32] = {0, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4020, 0x4040, 0x4060};
-// the scales arrive x 2^120 (below), the weights are x 2^8: two factors, as 2^-128 alone is an fp32
-// subnormal (a multiply by it took an assist: 3x slower calls)
-constexpr float kF8Unscale1 = 0x1p-120f, kF8Unscale2 = 0x1p-8f;
+// Per 64 weights of a row: the e4m3 bytes looked up in two 128-entry byte tables (the high and the low
+// byte of each magnitude's bf16, exact: every e4m3 value, subnormals included, is a bf16 normal) by
+// vpermt2b (AVX512_VBMI, which every CPU with this kernel's "avx512" has but Cooper Lake: see
+// isa_usable), the sign OR-ed into the high byte, and the two interleaved into 2 x 32 bf16 in their
+// natural order by two more vpermt2b; then one vdpbf16ps per token and 32 weights against the token's
+// bf16 values; fp32 sums per 128-wide scale block, times the block's scale. The tokens are bf16 (x as
+// it is; the SiLU(gate)*up intermediate rounded to bf16, as the AMX FP8 tiles and the BF16 kernels do).
+// Five vector instructions per 64 weights, four of them on port 5, where the first version took seven
+// per 32 (the e4m3 fields moved into bf16's by shifts and masks, subnormals from a vpermw table), two of
+// them on port 0 beside the vdpbf16ps. Measured (AMX Xeon, 2 threads, Qwen3-30B-A3B shapes over all 8
+// experts, median of 300 calls, the two builds alternated twice): from DRAM T = 1 / 2 / 4 1.79-1.81 /
+// 2.16-2.22 / 3.17-3.19 ms before, 1.67-1.76 / 2.08-2.13 / 2.95-3.06 after; from L3 (one copy) T = 4
+// 3.04 -> 2.91-2.94 ms. Not more: the kernel is bound by its vdpbf16ps (one per 32 weights and token,
+// where INT8's vpdpbusd takes 64) and, on that machine, its compute does not overlap its stream.
+// Tried and not kept: a second set of accumulators (the two vdpbf16ps of a step on separate chains),
+// 2.97 -> 3.05 ms at T = 4 from L3.
+// Unlike the AVX2 kernel's bit move (weights 2^-120 low, fp32 subnormals for subnormal e4m3) every
+// weight is a normal number (a product with a tiny activation can still underflow, and vdpbf16ps
+// flushes subnormals).
+alignas(64) constexpr F8Lut kF8Lut = make_f8_lut();
+// the scales arrive x 2^120 (quant_glue.h's convention for the AVX2 kernel's bit move)
+constexpr float kF8Unscale = 0x1p-120f;
 
-// c[r * ldc + t] += sum_blocks s[r][blk] * 2^-128 * sum_{k in blk} (2^8 W_r[k]) * X_t[k]  (s arrives
-// x 2^120: quant_glue.h's convention for the AVX2 kernel's bit move)
+struct F8Tables {
+  __m512i hi0, hi1, lo0, lo1, even, odd;
+  F8Tables()
+      : hi0(_mm512_load_si512(kF8Lut.hi)), hi1(_mm512_load_si512(kF8Lut.hi + 64)),
+        lo0(_mm512_load_si512(kF8Lut.lo)), lo1(_mm512_load_si512(kF8Lut.lo + 64)),
+        even(_mm512_load_si512(kF8Lut.even)), odd(_mm512_load_si512(kF8Lut.odd)) {}
+};
+// vpermt2b is AVX512_VBMI, which this file's flags leave out (the INT8 kernel beside it runs on Cooper
+// Lake): the FP8 functions alone are compiled for it; the table entry asks isa_usable("avx512-vbmi")
+#if defined(HINA_EMU_AVX512)
+#define HINA_VBMI
+#else
+#define HINA_VBMI __attribute__((target("avx512vbmi")))
+#endif
+// bytes b (64, or 32 in the low half) -> the high and low bytes of their bf16s
+HINA_VBMI inline void f8_bytes(__m512i b, const F8Tables& t, __m512i& h, __m512i& l) {
+  h = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, b, t.hi1), b, _mm512_set1_epi8(int8_t(0x80)),
+                                0xF8);   // A | B&C: the sign
+  l = _mm512_permutex2var_epi8(t.lo0, b, t.lo1);
+}
+
+// c[r * ldc + t] += sum_blocks s[r][blk] * 2^-120 * sum_{k in blk} W_r[k] * X_t[k]  (s arrives x 2^120)
 // The fp32 sums across blocks live in L1 (accm), the block's in registers (Qwen3-30B-A3B T = 4 from
-// L3: 2.74 ms, against 2.85 with both in registers; INT8 VNNI 1.29: the conversion and the vdpbf16ps
-// share ports 0 and 5 and bound it).
+// L3: 2.74 ms, against 2.85 with both in registers, with the first conversion).
 template <int R, int TT, int PF>
-inline void f8_tile(const int8_t* const* w, const float* const* s, const bf16_t* const* x, int kb0, int kb1,
+HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const bf16_t* const* x, int kb0, int kb1,
                     float* c, int ldc, const int8_t* const* nxt) {
-  const __m512i sub = _mm512_load_si512(kF8Subnormal);
+  const F8Tables tab;
   alignas(64) float accm[R * TT * 16];
   for (int i = 0; i < R * TT * 16; ++i) accm[i] = 0.f;
   for (int k0 = kb0, bi = kb0 / 128; k0 < kb1; k0 += 128, ++bi) {
@@ -163,20 +166,42 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const bf16_t*
     for (int r = 0; r < R; ++r)
       #pragma GCC unroll 8
       for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_setzero_ps();
-    for (int k = k0; k < k1; k += 32) {
-      __m512i xv[TT];
+    int k = k0;
+    for (; k + 64 <= k1; k += 64) {
+      __m512i xa[TT], xb[TT];
       #pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) xv[t] = _mm512_loadu_si512(x[t] + k);
+      for (int t = 0; t < TT; ++t) {
+        xa[t] = _mm512_loadu_si512(x[t] + k);
+        xb[t] = _mm512_loadu_si512(x[t] + k + 32);
+      }
       #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const __m512i wv = f8_to_bf16(w[r] + k, sub);
+        __m512i h, l;
+        f8_bytes(_mm512_loadu_si512(w[r] + k), tab, h, l);
+        const __m512i wa = _mm512_permutex2var_epi8(l, tab.even, h), wb = _mm512_permutex2var_epi8(l, tab.odd, h);
         #pragma GCC unroll 8
-        for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wv, (__m512bh)xv[t]);
+        for (int t = 0; t < TT; ++t) {
+          blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wa, (__m512bh)xa[t]);
+          blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wb, (__m512bh)xb[t]);
+        }
+      }
+    }
+    if (k < k1) {   // 32 left (K is a multiple of 32)
+      __m512i xa[TT];
+      #pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) xa[t] = _mm512_loadu_si512(x[t] + k);
+      #pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        __m512i h, l;
+        f8_bytes(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k))), tab, h, l);
+        const __m512i wa = _mm512_permutex2var_epi8(l, tab.even, h);
+        #pragma GCC unroll 8
+        for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wa, (__m512bh)xa[t]);
       }
     }
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 sv = _mm512_set1_ps(s[r][bi] * kF8Unscale1 * kF8Unscale2);
+      const __m512 sv = _mm512_set1_ps(s[r][bi] * kF8Unscale);
       #pragma GCC unroll 8
       for (int t = 0; t < TT; ++t) {
         float* a = accm + (r * TT + t) * 16;
@@ -220,15 +245,19 @@ void f8bf_pack_act(const float* act, int M, int K, int, void* out) {
 
 #if defined(HINA_EMU_AVX512)
 #define HINA_QUANT_AVX512_ISA(dtype) "avx512-emulated", dtype, nullptr
+#define HINA_QUANT_AVX512_VBMI_ISA(dtype) "avx512-emulated", dtype, nullptr
 #else
 #define HINA_QUANT_AVX512_ISA(dtype) "avx512", dtype, "avx512"
+#define HINA_QUANT_AVX512_VBMI_ISA(dtype) "avx512", dtype, "avx512-vbmi"   // cpu.cpp's isa_usable
 #endif
 const QuantMicroKernel quant_microkernel_avx512_int8{
     HINA_QUANT_AVX512_ISA(Dtype::int8), /*task_rows=*/256, i8_packed_bytes<uint8_t>, i8_pack_tokens<uint8_t, 128>,
     i8_pack_act<uint8_t, 128>, q_gate_up<VnniKn>, q_down<VnniKn>};
 const QuantMicroKernel quant_microkernel_avx512_fp8{
-    HINA_QUANT_AVX512_ISA(Dtype::fp8), /*task_rows=*/256, f8bf_packed_bytes, f8bf_pack_tokens, f8bf_pack_act,
+    HINA_QUANT_AVX512_VBMI_ISA(Dtype::fp8), /*task_rows=*/256, f8bf_packed_bytes, f8bf_pack_tokens, f8bf_pack_act,
     q_gate_up<Fp8Kn>, q_down<Fp8Kn>};
 #undef HINA_QUANT_AVX512_ISA
+#undef HINA_QUANT_AVX512_VBMI_ISA
+#undef HINA_VBMI
 
 }  // namespace hina
