@@ -177,6 +177,17 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
     assert "| tiny-qwen3 | hina | 1 | 1,2 |" in r.output and "hina >= 1.5x hf per layer" in r.output
 
 
+def test_fig13_draws_the_model_with_the_most_batch_sizes(tmp_path):
+    import pandas as pd
+    from hinabench.e2e.figures import fig13
+    rows = [dict(op="e2e", model=m, backend=eng, phase="decode", status="ok", layers=2, batch_size=b,
+                 prompt_tokens=128, median_ms=10.0 * b, mad_ms=0.1, tokens_per_s=100.0 * b, ffn_share=0.5,
+                 attn_share=0.1)
+            for m, bs in (("mixtral-8x7b", (1,)), ("qwen3-30b-a3b", (1, 4, 16))) for eng in ("hina", "hf") for b in bs]
+    fig13([], str(tmp_path), frame=pd.DataFrame(rows))
+    assert (tmp_path / "fig13.txt").read_text().startswith("qwen3-30b-a3b")
+
+
 def test_per_layer_cost_from_two_depths():
     import pandas as pd
     from hinabench.e2e.figures import ablation, per_layer

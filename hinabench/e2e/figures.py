@@ -159,7 +159,9 @@ def fig13(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     dec = df[(df["phase"] == "decode") & (df["status"] == "ok")]
     if dec.empty:
         raise UserError("fig13 needs ok decode rows")
-    model = dec["model"].iloc[0]
+    # the model with the most batch sizes measured (Figure 13 is about batching), the first on a tie
+    nb = dec.groupby("model", sort=False)["batch_size"].nunique()
+    model = nb.idxmax()
     dec = dec[dec["model"] == model]
     depth = int(dec["layers"].max())
     dec = dec[dec["layers"] == depth]
