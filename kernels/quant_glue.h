@@ -150,37 +150,6 @@ void i8_pack_act(const float* act, int M, int K, int group, void* out) {
 // c[r * ldc + t] = sum_groups s_w[r][grp] * s_x[t][grp] * sum_{k in grp} W_r[k] * X_t[k]
 // ================================ FP8: the token side ===========================================
 constexpr float kTwo120 = 1.329227995784916e36f;  // 2^120: the e4m3 -> fp32 bit move's factor
-// e4m3 -> bf16 by byte tables (the AVX-512 FP8 kernel and the AMX FP8 unpack, vpermt2b): the high and
-// the low byte of each magnitude's bf16 (exact: every e4m3fn value, subnormals included, is a bf16
-// normal), and the byte interleaves that put them together.
-constexpr uint16_t f8_bf16_bits(int m) {   // the bf16 of e4m3fn magnitude m (sign bit clear), m < 128
-  const int e = m >> 3, f = m & 7;
-  if (m == 0x7F) return 0x7FC0;                                          // NaN
-  if (e) return uint16_t(((e + 120) << 7) | (f << 4));                  // (1 + f/8) 2^(e-7)
-  if (!f) return 0;
-  const int h = f >= 4 ? 2 : f >= 2 ? 1 : 0;                             // f 2^-9 = (f / 2^h) 2^(h-9)
-  return uint16_t(((118 + h) << 7) | ((f - (1 << h)) << (7 - h)));
-}
-struct F8Lut {
-  alignas(64) uint8_t hi[128];
-  alignas(64) uint8_t lo[128];
-  alignas(64) uint8_t even[64];   // interleave: byte 2j <- lo[j], 2j+1 <- hi[j]; j < 32
-  alignas(64) uint8_t odd[64];    //             the same for j = 32..63
-  alignas(64) uint8_t f32[4][64]; // fp32 of weight 16q + j in dword j: bytes 2, 3 <- lo, hi (0, 1: masked)
-};
-constexpr F8Lut make_f8_lut() {
-  F8Lut t{};
-  for (int m = 0; m < 128; ++m) {
-    t.hi[m] = uint8_t(f8_bf16_bits(m) >> 8);
-    t.lo[m] = uint8_t(f8_bf16_bits(m) & 0xFF);
-  }
-  for (int i = 0; i < 64; ++i) {
-    t.even[i] = uint8_t((i & 1 ? 64 : 0) + i / 2);
-    t.odd[i] = uint8_t((i & 1 ? 64 : 0) + 32 + i / 2);
-    for (int q = 0; q < 4; ++q) t.f32[q][i] = uint8_t((i % 4 == 3 ? 64 : 0) + 16 * q + i / 4);
-  }
-  return t;
-}
 inline int fp8_pos(int k) { return (k & ~31) | ((k & 3) << 3) | ((k & 31) >> 2); }
 
 size_t f8_packed_bytes(int M, int K, int) { return size_t(M) * K * sizeof(float); }

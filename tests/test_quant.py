@@ -122,7 +122,7 @@ def test_quant_kernel_matches_the_quantized_reference(isa, scheme, g, T):
 def test_fp8_kernels_read_every_e4m3_value(isa, which):
     """Every finite e4m3 byte (zeros of both signs, the subnormals m * 2^-9, the largest, 448) in the
     weights of each FP8 path, which turn them into fp32 or bf16 each its own way (the AVX-512 one
-    by a table for the subnormals); and weights of subnormals and zeros only, where a wrong value
+    and the AMX unpack by byte tables); and weights of subnormals and zeros only, where a wrong value
     of theirs is not lost among the larger ones. Their block scale is 64 there: the AVX2 kernel's bit
     move computes with the weights 2^-120 lower, so a subnormal e4m3 is an fp32 subnormal in it, and
     with the ~1e-8 intermediates a 1/448 scale gives, its products underflow (rel_err 0.88)."""

@@ -41,6 +41,9 @@
 #include <cstring>
 
 #include "common.h"      // cpu_features (cpu.cpp)
+#if !defined(HINA_EMU_AMX)
+#include "isa/avx512/f8_vbmi.h"   // tiles.h brought <immintrin.h>
+#endif
 #include "quant_glue.h"
 
 namespace hina {
@@ -274,22 +277,18 @@ thread_local ThreadScratch<bf16_t> tl_wblk{nullptr, 0};   // the unpacked 32 x K
 constexpr int kF8UnpackPrefetch = 4096;
 
 #if !defined(HINA_EMU_AMX)
-// 64 e4m3 bytes -> bf16 of (value x sc), rounded to nearest even, by the byte tables (quant_glue.h): the
+// 64 e4m3 bytes -> bf16 of (value x sc), rounded to nearest even, by the byte tables (f8_vbmi.h): the
 // high and low bytes of each value's bf16 looked up (vpermt2b: AVX512_VBMI, which every AMX CPU has;
-// this file's flags leave it out, so these functions alone are compiled for it), placed as fp32 (a
+// this file's flags leave it out, so this function alone is compiled for it), placed as fp32 (a
 // zero-masked vpermt2b per 16), scaled, rounded. The bf16 lookup is exact, so the result is the bit
 // move's below (e4m3 -> fp32 exactly, times sc, rounded once). Measured (2026-12-01, Qwen3-30B-A3B
 // shapes, T = 8 / 16 from DRAM, the two builds alternated twice): 4.07-4.16 / 4.36-4.49 ms with the bit
 // move, 3.88-4.04 / 4.13-4.18 with the tables: the unpack is bound by its stream more than its ALU work.
 // With it the tiles at M = 2 / 4 are still slower than the AVX-512 FP8 kernel (3.9-4.0 / 3.8 ms against
 // 2.1-2.3 / 3.1-3.2), so the split at M <= 4 stays.
-alignas(64) constexpr F8Lut kF8Lut = make_f8_lut();
-__attribute__((target("avx512vbmi"))) inline void cvt64_lut(const uint8_t* src, __m512 vsc, bf16_t* d) {
-  const __m512i x = _mm512_loadu_si512(src);
-  const __m512i h = _mm512_ternarylogic_epi32(
-      _mm512_permutex2var_epi8(_mm512_load_si512(kF8Lut.hi), x, _mm512_load_si512(kF8Lut.hi + 64)), x,
-      _mm512_set1_epi8(int8_t(0x80)), 0xF8);   // A | B&C: the sign
-  const __m512i l = _mm512_permutex2var_epi8(_mm512_load_si512(kF8Lut.lo), x, _mm512_load_si512(kF8Lut.lo + 64));
+HINA_VBMI inline void cvt64_lut(const uint8_t* src, const F8Tables& tab, __m512 vsc, bf16_t* d) {
+  __m512i h, l;
+  f8_bytes(_mm512_loadu_si512(src), tab, h, l);
   constexpr __mmask64 hi_half = 0xCCCCCCCCCCCCCCCCull;   // bytes 2, 3 of every dword
   __m512 f[4];
   for (int q = 0; q < 4; ++q)
@@ -305,6 +304,10 @@ __attribute__((target("avx512vbmi"))) inline void cvt64_lut(const uint8_t* src, 
 // times the block's scale, rounded to nearest even (64 at a time by the tables above, where the CPU
 // has AVX512_VBMI).
 void unpack_rows(const int8_t* w, int64_t ldw, const float* s, int64_t lds, int r0, int rows, int K, bf16_t* dst) {
+#if !defined(HINA_EMU_AMX)
+  static const bool vbmi = cpu_features().avx512_vbmi;
+  const F8Tables tab;
+#endif
   for (int r = 0; r < rows; ++r) {
     const uint8_t* src = reinterpret_cast<const uint8_t*>(w + int64_t(r0 + r) * ldw);
     const float* srow = s + int64_t((r0 + r) / 128) * lds;
@@ -324,12 +327,11 @@ void unpack_rows(const int8_t* w, int64_t ldw, const float* s, int64_t lds, int 
         const __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(bits), vsc);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + kk), (__m256i)_mm512_cvtneps_pbh(f));
       };
-      static const bool vbmi = cpu_features().avx512_vbmi;
       if (vbmi) {
         const __m512 vs = _mm512_set1_ps(srow[k0 / 128]);   // the table's values are e4m3's own: no 2^120
         for (; k + 64 <= k1; k += 64) {   // a line per step, the stream prefetched ahead
           __builtin_prefetch(src + k + kF8UnpackPrefetch, 0, 2);
-          cvt64_lut(src + k, vs, d + k);
+          cvt64_lut(src + k, tab, vs, d + k);
         }
       }
       for (; k + 64 <= k1; k += 64) {

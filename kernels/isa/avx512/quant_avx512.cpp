@@ -24,6 +24,7 @@
 
 #include <cstring>
 
+#include "isa/avx512/f8_vbmi.h"
 #include "quant_glue.h"
 
 namespace hina {
@@ -124,30 +125,10 @@ struct VnniKn {
 // Unlike the AVX2 kernel's bit move (weights 2^-120 low, fp32 subnormals for subnormal e4m3) every
 // weight is a normal number (a product with a tiny activation can still underflow, and vdpbf16ps
 // flushes subnormals).
-alignas(64) constexpr F8Lut kF8Lut = make_f8_lut();
 // the scales arrive x 2^120 (quant_glue.h's convention for the AVX2 kernel's bit move)
 constexpr float kF8Unscale = 0x1p-120f;
-
-struct F8Tables {
-  __m512i hi0, hi1, lo0, lo1, even, odd;
-  F8Tables()
-      : hi0(_mm512_load_si512(kF8Lut.hi)), hi1(_mm512_load_si512(kF8Lut.hi + 64)),
-        lo0(_mm512_load_si512(kF8Lut.lo)), lo1(_mm512_load_si512(kF8Lut.lo + 64)),
-        even(_mm512_load_si512(kF8Lut.even)), odd(_mm512_load_si512(kF8Lut.odd)) {}
-};
-// vpermt2b is AVX512_VBMI, which this file's flags leave out (the INT8 kernel beside it runs on Cooper
-// Lake): the FP8 functions alone are compiled for it; the table entry asks isa_usable("avx512-vbmi")
-#if defined(HINA_EMU_AVX512)
-#define HINA_VBMI
-#else
-#define HINA_VBMI __attribute__((target("avx512vbmi")))
-#endif
-// bytes b (64, or 32 in the low half) -> the high and low bytes of their bf16s
-HINA_VBMI inline void f8_bytes(__m512i b, const F8Tables& t, __m512i& h, __m512i& l) {
-  h = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, b, t.hi1), b, _mm512_set1_epi8(int8_t(0x80)),
-                                0xF8);   // A | B&C: the sign
-  l = _mm512_permutex2var_epi8(t.lo0, b, t.lo1);
-}
+// vpermt2b (f8_vbmi.h) is AVX512_VBMI, which this file's flags leave out (the INT8 kernel beside it runs
+// on Cooper Lake): the FP8 tile alone is compiled for it; the table entry asks isa_usable("avx512-vbmi")
 
 // c[r * ldc + t] += sum_blocks s[r][blk] * 2^-120 * sum_{k in blk} W_r[k] * X_t[k]  (s arrives x 2^120)
 // The fp32 sums across blocks live in L1 (accm), the block's in registers (Qwen3-30B-A3B T = 4 from
@@ -156,6 +137,7 @@ template <int R, int TT, int PF>
 HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const bf16_t* const* x, int kb0, int kb1,
                     float* c, int ldc, const int8_t* const* nxt) {
   const F8Tables tab;
+  const __m512i even = _mm512_load_si512(kF8Lut.even), odd = _mm512_load_si512(kF8Lut.odd);
   alignas(64) float accm[R * TT * 16];
   for (int i = 0; i < R * TT * 16; ++i) accm[i] = 0.f;
   for (int k0 = kb0, bi = kb0 / 128; k0 < kb1; k0 += 128, ++bi) {
@@ -178,7 +160,7 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const bf16
       for (int r = 0; r < R; ++r) {
         __m512i h, l;
         f8_bytes(_mm512_loadu_si512(w[r] + k), tab, h, l);
-        const __m512i wa = _mm512_permutex2var_epi8(l, tab.even, h), wb = _mm512_permutex2var_epi8(l, tab.odd, h);
+        const __m512i wa = _mm512_permutex2var_epi8(l, even, h), wb = _mm512_permutex2var_epi8(l, odd, h);
         #pragma GCC unroll 8
         for (int t = 0; t < TT; ++t) {
           blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wa, (__m512bh)xa[t]);
@@ -194,7 +176,7 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const bf16
       for (int r = 0; r < R; ++r) {
         __m512i h, l;
         f8_bytes(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k))), tab, h, l);
-        const __m512i wa = _mm512_permutex2var_epi8(l, tab.even, h);
+        const __m512i wa = _mm512_permutex2var_epi8(l, even, h);
         #pragma GCC unroll 8
         for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wa, (__m512bh)xa[t]);
       }
@@ -258,6 +240,5 @@ const QuantMicroKernel quant_microkernel_avx512_fp8{
     q_gate_up<Fp8Kn>, q_down<Fp8Kn>};
 #undef HINA_QUANT_AVX512_ISA
 #undef HINA_QUANT_AVX512_VBMI_ISA
-#undef HINA_VBMI
 
 }  // namespace hina
