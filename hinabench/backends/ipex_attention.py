@@ -52,14 +52,10 @@ class IpexAttnPeer:
         self.key_cache = torch.zeros(nb, p.h_kv, bs, p.head_dim, dtype=torch.bfloat16)
         self.value_cache = torch.zeros_like(self.key_cache)
         for g in range(data.groups):   # IPEX's own writer, slot = block * bs + offset
-            table = data.block_tables[g]
             for b in range(p.batch):
-                L = int(data.kv_lens[b])
-                pos = torch.arange(L)
-                blk = table[b, pos // bs].long()
-                slots = (blk * bs + pos % bs).to(torch.int32).contiguous()
-                ops.reshape_and_cache(data.k[blk, pos % bs].contiguous(), data.v[blk, pos % bs].contiguous(),
-                                      self.key_cache, self.value_cache, slots, "auto", 1.0, 1.0)
+                keys, vals = data.gathered(g, b)                                        # [L, h_kv, d]
+                ops.reshape_and_cache(keys.contiguous(), vals.contiguous(), self.key_cache, self.value_cache,
+                                      data.slots(g, b).to(torch.int32), "auto", 1.0, 1.0)
         self.scale = float(p.head_dim) ** -0.5
         G = p.h_q // p.h_kv
         self.head_mapping = (torch.arange(p.h_q, dtype=torch.int32) // G).contiguous()

@@ -58,15 +58,10 @@ class VllmAttnPeer:
         self.key_cache, self.value_cache = kv.view(nb, p.h_kv, 2 * bs, p.head_dim).chunk(2, dim=2)
         # vLLM's own writer fills its cache: the block interior layout depends on the ISA (slot = block * bs + offset)
         for g in range(data.groups):
-            table = data.block_tables[g]
             for b in range(p.batch):
-                L = int(data.kv_lens[b])
-                pos = torch.arange(L)
-                slots = (table[b, pos // bs].long() * bs + pos % bs).contiguous()
-                keys = data.k[table[b, pos // bs].long(), pos % bs].contiguous()      # [L, h_kv, d]
-                vals = data.v[table[b, pos // bs].long(), pos % bs].contiguous()
-                ops.cpu_attn_reshape_and_cache(keys, vals, self.key_cache, self.value_cache, slots, self.isa,
-                                               1.0, 1.0, "auto")
+                keys, vals = data.gathered(g, b)                                        # [L, h_kv, d]
+                ops.cpu_attn_reshape_and_cache(keys.contiguous(), vals.contiguous(), self.key_cache,
+                                               self.value_cache, data.slots(g, b), self.isa, 1.0, 1.0, "auto")
         self.seq_lens = data.kv_lens.to(torch.int32).contiguous()
         qsl = torch.zeros(p.batch + 1, dtype=torch.int32)
         qsl[1:] = torch.cumsum(data.q_lens, 0)

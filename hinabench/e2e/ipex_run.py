@@ -28,7 +28,7 @@ def measure(req: dict, res: dict) -> None:
     torch.set_num_threads(int(req["threads"]))
     res["version"] = ipex.__version__
     res["transformers"] = transformers.__version__
-    P, G = int(req["prompt"]), int(req["gen"])
+    G = int(req["gen"])
     model = AutoModelForCausalLM.from_pretrained(req["path"], torch_dtype=torch.bfloat16)
     model.eval()
     model = ipex.llm.optimize(model, dtype=torch.bfloat16, inplace=True, deployment_mode=True)

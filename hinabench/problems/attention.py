@@ -302,6 +302,14 @@ class AttentionData(ProblemData):
         ids = table[b, : (L + bs - 1) // bs].long()
         return (k[ids].reshape(-1, k.shape[2], k.shape[3])[:L], v[ids].reshape(-1, v.shape[2], v.shape[3])[:L])
 
+    def slots(self, group: int, b: int) -> torch.Tensor:
+        """Sequence b's token slots in the paged cache of rotation group `group` (block id * block_size +
+        offset, int64 [L], in the order of `gathered`): where a framework's cache writer (vLLM's, IPEX's
+        reshape_and_cache) puts each key and value, so a peer's own cache keeps the same block tables."""
+        L, bs = int(self.kv_lens[b]), self.problem.block_size
+        pos = torch.arange(L)
+        return self.block_tables[group][b, pos // bs].long() * bs + pos % bs
+
     def compute_reference(self, group: int) -> torch.Tensor:
         p = self.problem
         G, d = p.h_q // p.h_kv, p.head_dim
