@@ -255,17 +255,53 @@ void mm_rows(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int 
   }
 }
 
-// The fused plain kernel: all pieces of [0, K) for rows sharing the cuts of w[0], chained.
+thread_local ThreadScratch<float> tl_c{nullptr, 0};
+thread_local ThreadScratch<const bf16_t*> tl_rows{nullptr, 0};
+thread_local ThreadScratch<float> tl_c_class{nullptr, 0};
+thread_local ThreadScratch<const bf16_t*> tl_rows_class{nullptr, 0};
+thread_local ThreadScratch<int> tl_row_of{nullptr, 0};
+
+// The fused plain kernel: all pieces of [0, K) of every row, chained: c[r * M + t].
+// Rows that share their cuts (row stride a multiple of 2048 elements) in one loop nest. Rows whose
+// cuts differ (any other stride, e.g. Qwen3's W_down, 768 elements: 8 classes of rows) are grouped by
+// their first cut (a counting sort of row pointers), each class through the same loop nest with its
+// own pieces, and the sums put back in row order: each row's canonical sum, bit for bit (the piece
+// path's, which took such matrices before through a partial buffer and a scalar reduction).
 template <class Kn>
 void mm_rows_chained(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int M, int K,
                      float* c) {
   int32_t pc[2 * kMaxPieces];
-  const int np = row_pieces(piece_phase(w[0]), K, pc);
-  mm_rows<Kn>(w, nrows, I, M, K, pc, np, Out{c, M, 0});
+  const int c0 = piece_phase(w[0]);
+  bool shared = true;
+  for (int r = 1; r < nrows && shared; ++r) shared = piece_phase(w[r]) == c0;
+  if (shared) {
+    const int np = row_pieces(c0, K, pc);
+    mm_rows<Kn>(w, nrows, I, M, K, pc, np, Out{c, M, 0});
+    return;
+  }
+  constexpr int kClasses = kPieceElems / kShapeMultiple;  // first cuts are multiples of 32
+  int start[kClasses + 1] = {};
+  for (int r = 0; r < nrows; ++r) ++start[piece_phase(w[r]) / kShapeMultiple + 1];
+  for (int q = 0; q < kClasses; ++q) start[q + 1] += start[q];
+  const bf16_t** rows = tl_rows_class.get(size_t(nrows));
+  int* row_of = tl_row_of.get(size_t(nrows));
+  int fill[kClasses];
+  for (int q = 0; q < kClasses; ++q) fill[q] = start[q];
+  for (int r = 0; r < nrows; ++r) {
+    const int i = fill[piece_phase(w[r]) / kShapeMultiple]++;
+    rows[i] = w[r];
+    row_of[i] = r;
+  }
+  float* cc = tl_c_class.get(size_t(nrows) * M);
+  for (int q = 0; q < kClasses; ++q) {
+    const int n = start[q + 1] - start[q];
+    if (!n) continue;
+    const int np = row_pieces(q * kShapeMultiple, K, pc);
+    mm_rows<Kn>(rows + start[q], n, I, M, K, pc, np, Out{cc + int64_t(start[q]) * M, M, 0});
+  }
+  for (int i = 0; i < nrows; ++i)
+    for (int t = 0; t < M; ++t) c[int64_t(row_of[i]) * M + t] = cc[int64_t(i) * M + t];
 }
-
-thread_local ThreadScratch<float> tl_c{nullptr, 0};
-thread_local ThreadScratch<const bf16_t*> tl_rows{nullptr, 0};
 
 // Gate & up rows together (one pass over both), SiLU(gate)*up fused into the store, which writes
 // the activation in the layout the down projection reads (transformation 2).
@@ -290,7 +326,7 @@ void gate_up(const GateUpTask& t) {
     rows[t.n + j] = t.w_up + j * t.ldw_up;
   }
   float* c = tl_c.get(size_t(2) * t.n * t.M);
-  // gate rows and up rows separately: each matrix's rows share their piece cuts, the two may not
+  // gate rows and up rows separately (the two matrices' cuts may differ)
   mm_rows_chained<Kn>(rows, t.n, static_cast<const Elem*>(t.I), t.M, t.K, c);
   mm_rows_chained<Kn>(rows + t.n, t.n, static_cast<const Elem*>(t.I), t.M, t.K, c + int64_t(t.n) * t.M);
   store_act<Kn>(t.act, t.act_K, t.n0, t.n, t.M, c, c + int64_t(t.n) * t.M);
@@ -319,7 +355,7 @@ void piece_dots(const PieceTask& t) {
 template <class Kn>
 constexpr MicroKernel dot_microkernel(const char* isa, const char* cpu_isa) {
   return MicroKernel{isa, Dtype::bf16, cpu_isa, Kn::kBlocking, Kn::packed_bytes, Kn::pack_tokens,
-                     gate_up<Kn>, down<Kn>, piece_dots<Kn>, store_act<Kn>};
+                     gate_up<Kn>, down<Kn>, piece_dots<Kn>, store_act<Kn>, /*mixed_cuts=*/true};
 }
 
 }  // namespace

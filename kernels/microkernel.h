@@ -41,8 +41,9 @@ enum class Dtype : int { bf16 = 0, int8 = 1, fp8 = 2 };
 
 // ---- tasks: what the driver hands a micro-kernel -------------------------------------------------
 // One gate/up task: rows [n0, n0 + n) of W_gate and W_up of one expert, for all M gathered tokens.
-// The driver issues fused tasks only when all rows of W_gate share their piece cuts, and all rows of
-// W_up theirs (row stride a multiple of 2048 elements); dots follow the canonical pieces (pieces.h).
+// The driver issues fused tasks when all rows of W_gate share their piece cuts, and all rows of W_up
+// theirs (row stride a multiple of 2048 elements), or when the micro-kernel takes rows of differing
+// cuts (MicroKernel::mixed_cuts); dots follow the canonical pieces (pieces.h) either way.
 struct GateUpTask {
   const bf16_t* w_gate;  // row n0 of this expert's W_gate   [I, H], row stride ldw_gate
   const bf16_t* w_up;    // row n0 of this expert's W_up     [I, H], row stride ldw_up
@@ -129,6 +130,9 @@ struct MicroKernel {
   // (n0, n multiples of 32), exactly as gate_up's fused store does.
   void (*piece_dots)(const PieceTask& t);
   void (*store_act)(void* act, int act_K, int n0, int n, int M, const float* gate, const float* up);
+  // gate_up and down also take rows whose piece cuts differ (any row stride), in the canonical
+  // order; otherwise the driver sends such a matrix down the piece path.
+  bool mixed_cuts = false;
 };
 
 // The entries, one per ISA file (isa/<isa>/), each constant-initialised data: reading an entry runs

@@ -130,6 +130,18 @@ def test_other_paths_virtual_nodes_bit_identical(isa, nodes, T, page, offset):
     check_case(isa, 2048, 768, 3, T, 2, nodes, page, offset)
 
 
+@pytest.mark.parametrize("isa", ["amx-emulated", "amx"])
+@pytest.mark.parametrize("T", [1, 20, 40])  # one B tile; two; two token steps (the tiles reloaded)
+def test_amx_fused_rows_of_differing_cuts_bit_identical(isa, T):
+    """AMX's fused tasks take rows whose piece cuts differ (MicroKernel::mixed_cuts: one pass over K,
+    the accumulators stored, flushed and reloaded at every row's cut), so numa="off" no longer sends
+    Qwen3's W_down (K = 768) or a 7168-wide W_gate (rows with up to four cuts) down the piece path.
+    The partitioned kernel still takes the piece path: the two must agree bit for bit."""
+    need(isa)
+    for i, (H, I, E, k) in enumerate(SHAPES):
+        check_case(isa, H, I, E, T, k, 2, "4k", (0, 32, 8)[i])
+
+
 @pytest.mark.parametrize("isa", ["avx512", "amx"])
 def test_real_isas_where_present(isa):
     need(isa)

@@ -204,9 +204,15 @@ void scatter(const MoeCall& a, const Grouping& g, const float* y) {
   }
 }
 
-// numa == nullptr: the plain kernel (fused tasks; a matrix whose rows do not all share their piece
-// cuts -- row stride not a multiple of 2048 elements -- takes the piece path with one node, which
-// keeps the canonical order). Otherwise Algorithm 2 on numa->nodes (real or virtual) nodes.
+// Whether the plain kernel's fused tasks can take a matrix of this row stride: its rows share their
+// piece cuts (a multiple of 2048 elements), or the micro-kernel handles differing cuts itself.
+// Otherwise the matrix takes the piece path with one node, which keeps the canonical order.
+bool fused_rows(const MicroKernel& mk, int64_t row_stride) {
+  return mk.mixed_cuts || row_stride % kPieceElems == 0;
+}
+
+// numa == nullptr: the plain kernel (fused tasks, or the piece path with one node: fused_rows).
+// Otherwise Algorithm 2 on numa->nodes (real or virtual) nodes.
 void run(const MoeCall& a, const MicroKernel& mk, int threads, const NumaPlans* numa) {
   const int64_t T = a.T, H = a.H, I = a.I, k = a.k;
   if (T == 0) return;
@@ -215,8 +221,8 @@ void run(const MoeCall& a, const MicroKernel& mk, int threads, const NumaPlans* 
 
   // ---- scratch: packed I and activation per active expert, y rows (token-major, fp32), and the
   // piece path's partial products
-  const bool fused_gu = !numa && a.gate_rs % kPieceElems == 0 && a.up_rs % kPieceElems == 0;
-  const bool fused_down = !numa && a.down_rs % kPieceElems == 0;
+  const bool fused_gu = !numa && fused_rows(mk, a.gate_rs) && fused_rows(mk, a.up_rs);
+  const bool fused_down = !numa && fused_rows(mk, a.down_rs);
   PiecePath pieces(a, numa, !fused_gu, !fused_down);
   std::vector<size_t> off_I(A), off_act(A), off_pgu(A), off_pdown(A);
   size_t bytes = 0;
@@ -417,7 +423,7 @@ void linear(const LinearCall& c) {
   g.first = {0, int32_t(c.T)};
   g.active = {0};
   for (int64_t t = 0; t < c.T; ++t) g.row_token.push_back(int32_t(t));
-  const bool fused = c.ldw % kPieceElems == 0;
+  const bool fused = fused_rows(mk, c.ldw);
   PiecePath pieces(a, nullptr, false, !fused);
   const size_t bytes_I = align64(mk.packed_bytes(int(c.T), int(c.K)));
   const size_t bytes_y = align64(size_t(c.T) * c.N * sizeof(float));

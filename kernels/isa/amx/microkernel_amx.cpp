@@ -33,7 +33,11 @@
 // W rows inner (B stays in L2): 0.95-0.97x at T = 32..256; TILELOAD instead of TILELOADDT1 for W at
 // M <= 32: 0.99-1.01x; software prefetch of each W row 4/8/16 K steps ahead: 1.02 / 0.97 / 0.88x
 // (Qwen3, T = 1..16); the next W block prefetched into L2 as one sequential stream while the current
-// one streams (Qwen3 rows are 4 KiB, a page each): 0.95-0.98x. At T <= 16 the K loop's time is on
+// one streams (Qwen3 rows are 4 KiB, a page each): 0.95-0.98x.
+// Rows of differing piece cuts (Qwen3's W_down, K = 768) in the fused tasks (algorithm1_pieces, 2026-12-01):
+// before, such a matrix took the piece path, 32-row tiles 8 rows apart, through a partial buffer and
+// a scalar reduction. Qwen3 shapes, all 8 experts, median of 400 calls, A/B alternated twice: from
+// L3, T = 16 3.65-3.80 -> 2.76-2.99 ms, T = 1 within noise; from DRAM T = 4 4.35-4.73 -> 3.93-4.14. At T <= 16 the K loop's time is on
 // the W TILELOADDT1s (~80% of cpu-clock samples at Qwen3 T = 1): it streams, at 0.72 of the probe
 // on Qwen3 and 0.85 on Mixtral. Next: a K-blocked loop over L1-sized chunks of W and I (C tiles
 // carried across chunks), and a transient contiguous copy of the W block when M spans several token
@@ -95,15 +99,11 @@ void configure(Shape s) {
   _tile_loadconfig(&cfg);
 }
 
-// One canonical piece: K blocks [kb0, kb1) with fresh accumulators (pieces.h), stored to C.
+// The K loop of Algorithm 1, blocks [kb0, kb1), into the accumulators tmm4..tmm7 as they are.
 template <bool kStreamW>
-void algorithm1(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int kb0, int kb1, Shape s,
-                float* C) {
+inline void k_steps(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int kb0, int kb1, Shape s) {
   const long wstride = long(ldw * sizeof(bf16_t));
   const uint8_t* B1 = B + size_t(KB) * 1024;  // the next token group
-  _tile_zero(4);
-  if (s.a1) _tile_zero(6);
-  if (s.mt1) { _tile_zero(5); if (s.a1) _tile_zero(7); }
   for (int kb = kb0; kb < kb1; ++kb) {
     // line 1: (tmm0 ~ tmm1) <- I(m : m+32, k : k+32)                              tileloadd
     _tile_loadd(0, B + size_t(kb) * 1024, 64);
@@ -126,7 +126,11 @@ void algorithm1(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int kb0,
       if (s.a1) _tile_dpbf16ps(7, 3, 1);
     }
   }
-  // line 5: store (tmm4 - tmm7) into the L1-resident C block; line 4's transform reads it there.
+}
+
+// line 5: store (tmm4 - tmm7) into the L1-resident C block (32 x 32 fp32); line 4's transform
+// reads it there. load_c is the way back (exact both ways).
+inline void store_c(Shape s, float* C) {
   _tile_stored(4, C, 32 * 4);
   if (s.a1) _tile_stored(6, C + 16 * 32, 32 * 4);
   if (s.mt1) {
@@ -134,17 +138,69 @@ void algorithm1(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int kb0,
     if (s.a1) _tile_stored(7, C + 16 * 32 + 16, 32 * 4);
   }
 }
+inline void load_c(Shape s, const float* C) {
+  _tile_loadd(4, C, 32 * 4);
+  if (s.a1) _tile_loadd(6, C + 16 * 32, 32 * 4);
+  if (s.mt1) {
+    _tile_loadd(5, C + 16, 32 * 4);
+    if (s.a1) _tile_loadd(7, C + 16 * 32 + 16, 32 * 4);
+  }
+}
+inline void zero_c(Shape s) {
+  _tile_zero(4);
+  if (s.a1) _tile_zero(6);
+  if (s.mt1) { _tile_zero(5); if (s.a1) _tile_zero(7); }
+}
 
-// The fused plain kernel's K loop: every canonical piece of the rows at w (which share their cuts),
-// each from fresh tiles, added in ascending y into the zeroed accumulator Acc (32 x 32 fp32).
+// One canonical piece: K blocks [kb0, kb1) with fresh accumulators (pieces.h), stored to C.
+template <bool kStreamW>
+void algorithm1(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int kb0, int kb1, Shape s,
+                float* C) {
+  zero_c(s);
+  k_steps<kStreamW>(w, ldw, B, KB, kb0, kb1, s);
+  store_c(s, C);
+}
+
+// The fused plain kernel's K loop: every canonical piece of the block's rows at w, each from fresh
+// tiles, added in ascending y into the zeroed accumulator Acc (32 x 32 fp32).
+// Rows that share their cuts (row stride a multiple of 2048 elements): one piece after the other.
+// Rows whose cuts differ (any other row stride, e.g. Qwen3's W_down, 768 elements): one pass over
+// K for the whole block of contiguous rows. At each cut of any row the accumulators are stored, the
+// rows cut there are added into Acc and zeroed, and the tiles reloaded; tile stores and loads are
+// exact, so each row's pieces are what fresh tiles over that piece give, added in the same order:
+// the canonical sums, bit for bit (the piece path's, which took these rows before, 8 row classes
+// apart, through a partial buffer and a scalar reduction).
 template <bool kStreamW>
 void algorithm1_pieces(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, Shape s, float* Acc) {
   alignas(64) float P[kNr * kMr];
   for (int i = 0; i < kNr * kMr; ++i) Acc[i] = 0.f;
-  const int K = KB * kKr, c0 = piece_phase(w);
-  for (int y = 0; y < K; y = piece_end(y, c0, K)) {
-    algorithm1<kStreamW>(w, ldw, B, KB, y / kKr, piece_end(y, c0, K) / kKr, s, P);
-    for (int i = 0; i < kNr * kMr; ++i) Acc[i] += P[i];
+  const int K = KB * kKr;
+  if (ldw % kPieceElems == 0) {
+    const int c0 = piece_phase(w);
+    for (int y = 0; y < K; y = piece_end(y, c0, K)) {
+      algorithm1<kStreamW>(w, ldw, B, KB, y / kKr, piece_end(y, c0, K) / kKr, s, P);
+      for (int i = 0; i < kNr * kMr; ++i) Acc[i] += P[i];
+    }
+    return;
+  }
+  const int rows = s.a0 + s.a1;
+  int next[kNr];  // each row's next cut, in K blocks (KB: none before the end)
+  for (int r = 0; r < rows; ++r) next[r] = piece_end(0, piece_phase(w + r * ldw), K) / kKr;
+  zero_c(s);
+  for (int kb = 0; kb < KB;) {
+    int stop = KB;
+    for (int r = 0; r < rows; ++r) stop = imin(stop, next[r]);
+    k_steps<kStreamW>(w, ldw, B, KB, kb, stop, s);
+    store_c(s, P);
+    for (int r = 0; r < rows; ++r) {
+      if (next[r] != stop) continue;
+      float* a = Acc + r * kMr;
+      float* p = P + r * kMr;
+      for (int m = 0; m < kMr; ++m) { a[m] += p[m]; p[m] = 0.f; }
+      next[r] = imin(stop + kPieceElems / kKr, KB);
+    }
+    kb = stop;
+    if (kb < KB) load_c(s, P);
   }
 }
 
@@ -263,6 +319,6 @@ const MicroKernel microkernel_amx_bf16{
 #endif
     // Blocking: AMX's is fixed by its tiles (n_r = m_r = 32 above); the driver reads task_rows.
     Blocking{/*task_rows=*/64, 0, {}, 0, 0, 0, 0, 0, 0, 0, false, 0},
-    packed_bytes, pack_tokens, gate_up, down, piece_dots, store_act<Amx>};
+    packed_bytes, pack_tokens, gate_up, down, piece_dots, store_act<Amx>, /*mixed_cuts=*/true};
 
 }  // namespace hina

@@ -70,6 +70,7 @@ void down(const DownTask& t) {
 const MicroKernel microkernel_scalar_bf16{
     "scalar", Dtype::bf16, nullptr,
     Blocking{/*task_rows=*/64, 0, {}, 0, 0, 0, 0, 0, 0, 0, false, 0},  // plain loops: no blocking
-    packed_bytes, pack_tokens, gate_up, down, piece_dots, store_act<Scalar>};
+    packed_bytes, pack_tokens, gate_up, down, piece_dots, store_act<Scalar>,
+    /*mixed_cuts=*/true};  // dot() cuts every row at its own pieces
 
 }  // namespace hina
