@@ -281,6 +281,22 @@ def test_numa_policies_and_perf_columns(tmp_results):
             assert row["perf_reason"] and row["remote_fraction_perf"] == "" and row["dram_remote_loads"] == ""
 
 
+def test_a_thp_policy_is_its_own_point_with_its_page_share(tmp_results):
+    """--numa default,default+thp: two points, each row saying how much of what the kernel reads sits
+    on transparent huge pages: all of it under +thp where THP is on, none without it in THP's
+    `madvise` mode (the development machines')."""
+    r = invoke("ffn", *FAST, "--tokens", "1", "--numa", "default,default+thp", "--out", str(tmp_results))
+    assert r.exit_code == 0, r.output
+    rows = {row["numa"]: row for row in read_rows(tmp_results)}
+    assert set(rows) == {"default", "default+thp"}
+    assert all(row["status"] == "ok" for row in rows.values())
+    thp = json.loads(invoke("sysinfo", "--json").output)["thp"]
+    if thp == "madvise":
+        assert float(rows["default"]["weight_huge_fraction"]) == 0.0
+    if thp in ("madvise", "always"):
+        assert float(rows["default+thp"]["weight_huge_fraction"]) > 0.9
+
+
 def test_unknown_numa_policy_is_a_user_error():
     r = CliRunner().invoke(cli, ["ffn", "--numa", "spread"])
     assert r.exit_code == 2 and "unknown NUMA policy 'spread'" in r.output

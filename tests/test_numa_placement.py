@@ -42,6 +42,56 @@ def test_place_tensor_sets_the_vma_policy_before_the_fill(policy, want):
         assert p.node_ids == (nodes[0],)
 
 
+def test_huge_page_policies_parse_with_their_placement():
+    nodes = nm.memory_nodes()
+    assert nm.parse_policy("default+thp") == ("default", None) and nm.huge_policy("default+thp")
+    assert nm.parse_policy("Interleave+THP") == ("interleave", nodes) and nm.huge_policy("Interleave+THP")
+    assert nm.parse_policy(f"bind:{nodes[0]}+thp") == ("bind", [nodes[0]])
+    assert not nm.huge_policy("default") and not nm.huge_policy("interleave")
+    with pytest.raises(UserError, match="unknown NUMA policy 'spread\\+thp'.*optional \\+thp"):
+        nm.parse_policy("spread+thp")
+
+
+def _thp_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "absent"
+    return text[text.index("[") + 1:text.index("]")]
+
+
+def test_a_thp_policy_puts_the_weights_on_huge_pages_before_the_fill():
+    """place(t, 'default+thp') madvises an untouched tensor, so the fill's faults take 2 MiB pages;
+    without +thp (THP in madvise mode) they stay 4 KiB. huge_fraction reads it back from smaps."""
+    from hinabench.problems.base import place
+    if _thp_mode() in ("never", "absent"):
+        pytest.skip(f"transparent huge pages: {_thp_mode()}")
+    mm = mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    t = torch.frombuffer(mm, dtype=torch.bfloat16)
+    place(t, "default+thp")
+    t.fill_(1.0)
+    got = nm.huge_fraction([(t.data_ptr(), t.numel() * 2)])
+    assert got >= 0.5, got            # the 2 MiB-aligned interior: 7 or 8 of 8 pages
+    if _thp_mode() == "madvise":
+        mm2 = mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        u = torch.frombuffer(mm2, dtype=torch.bfloat16)
+        place(u, "default")
+        u.fill_(1.0)
+        assert nm.huge_fraction([(u.data_ptr(), u.numel() * 2)]) == 0.0
+
+
+def test_huge_fraction_from_smaps_text():
+    smaps = ("7f0000000000-7f0000800000 rw-p 00000000 00:00 0 \n"
+             "Rss:                8192 kB\nAnonHugePages:      6144 kB\n"
+             "7f0000800000-7f0000a00000 rw-p 00000000 00:00 0 \n"
+             "Rss:                2048 kB\nAnonHugePages:         0 kB\n")
+    base = 0x7f0000000000
+    assert nm.huge_fraction([(base, 8 << 20)], smaps) == 0.75
+    assert nm.huge_fraction([(base + (8 << 20), 2 << 20)], smaps) == 0.0
+    assert nm.huge_fraction([(base, 10 << 20)], smaps) == pytest.approx(0.6)
+    assert nm.huge_fraction([], smaps) == 0.0
+
+
 def _row(page=4096, phase=0, valid=True, reason=""):
     return {"placement_model_valid": valid, "placement_reason": reason,
             "placement_page_bytes": page, "placement_phase": phase}

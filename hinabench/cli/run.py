@@ -20,7 +20,9 @@ _TIMING = [
     click.option("--seed", default=0, show_default=True, type=int),
     click.option("--numa", "numa", default="default", show_default=True,
                  help="Memory policies for the weights, comma-separated: default (first touch), "
-                      "interleave (all nodes, like numactl --interleave=all), bind:N."),
+                      "interleave (all nodes, like numactl --interleave=all), bind:N; each with an optional "
+                      "+thp: the weights (and a peer's own copies) on transparent huge pages "
+                      "(default+thp, interleave+thp)."),
     click.option("--perf", is_flag=True, help="Count local/remote DRAM loads with perf around the samples."),
     click.option("--wait-quiet", default=0.0, show_default=True, type=click.FloatRange(0, 86400),
                  help="Before each point, wait up to this many seconds for other processes to leave the "

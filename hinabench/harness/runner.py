@@ -206,6 +206,7 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
     if any(t.active for t in todo) and data is None:
         data = problem.materialize(numa=point.numa)
     placement = data.placement() if data is not None else {}
+    huge_here = _huge_fraction(data) if data is not None else None
     for t in todo:
         t.row.update(placement)
         t.row.update(problem.remote_model(point.numa, backend_registry.get(t.name).work_partition, placement))
@@ -236,6 +237,11 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
             err = rel_err(out, ref)
             t.row["rel_err"] = err
             t.row["extra_bytes"] = t.backend.extra_bytes()
+            own_pages = getattr(t.backend, "huge_pages", None)   # a worker: its own copies
+            frac, why = own_pages() if callable(own_pages) else (huge_here, "")
+            t.row["weight_huge_fraction"] = frac
+            if why:
+                t.row["note"] = "; ".join(x for x in (t.row.get("note"), f"huge pages: {why}") if x)
             t.row["versions"] = t.backend.versions()
             if not err <= problem.tolerance:
                 tol = problem.tolerance
@@ -333,3 +339,9 @@ def _where(e: BaseException) -> str:
 def _llc() -> int:
     from ..machine.sysinfo import llc_bytes
     return llc_bytes()
+
+
+def _huge_fraction(data) -> float:
+    """The share of the problem's weight bytes (every rotation group) on transparent huge pages."""
+    from ..numa.linux import huge_fraction
+    return huge_fraction([b for g in range(data.groups) for b in data.group_buffers(g)])

@@ -42,6 +42,7 @@ COMMON = [
     # NUMA: where the weights are (the placement model), and the remote traffic, modeled and counted
     "placement_policy", "placement_nodes", "placement_page_bytes", "placement_phase",
     "placement_backing", "placement_model_valid", "placement_reason",
+    "weight_huge_fraction",   # the share of the bytes the kernel reads on transparent huge pages
     "work_partition", "remote_fraction_model", "remote_fraction_basis",
     "remote_fraction_perf", "dram_local_loads", "dram_remote_loads", "perf_status", "perf_reason",
     # conditions
@@ -396,6 +397,7 @@ def load_frame(paths, problems: list[str] | None = None, latest: bool = True, so
               "weight_bytes", "flops", "rank", "samples", "rounds", "warmup", "prepare_ms", "mean_ms",
               "gflops", "peak_gflops", "load_other_cpus", "remote_fraction_model", "remote_fraction_perf",
               "read_gbps_min", "extra_bytes", "rotation_groups", "allocated_bytes", "out_features",
+              "weight_huge_fraction",
               "in_features", "hidden_size", "intermediate_size"):
         if c in df:
             df[c] = pd.to_numeric(df[c], errors="coerce")

@@ -48,7 +48,7 @@ MPOL_MF_MOVE = 1 << 1
 # mmap / madvise, for buffers placed by hand (check_placement, the tests)
 PROT_READ, PROT_WRITE = 1, 2
 MAP_PRIVATE, MAP_ANONYMOUS = 0x02, 0x20
-MADV_HUGEPAGE, MADV_NOHUGEPAGE = 14, 15
+MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_COLLAPSE = 14, 15, 25
 _MASK_WORDS = 16                                  # 1024 node bits, >= any MAX_NUMNODES we meet
 _SYSCALLS = {"x86_64": {"mbind": 237, "set_mempolicy": 238, "get_mempolicy": 239, "move_pages": 279},
              "aarch64": {"mbind": 235, "get_mempolicy": 236, "set_mempolicy": 237, "move_pages": 239}}
@@ -187,6 +187,54 @@ def interleave_range(address: int, nbytes: int, nodes: Iterable[int] | None = No
     end = (address + nbytes + PAGE_4K - 1) // PAGE_4K * PAGE_4K
     numa_api().mbind(start, end - start, MPOL_INTERLEAVE,
                      list(nodes) if nodes is not None else memory_nodes(), MPOL_MF_MOVE)
+
+
+def huge_pages_range(address: int, nbytes: int, collapse: bool = False) -> str:
+    """Ask for transparent huge pages over the 2 MiB-aligned interior of [address, address + nbytes)
+    (madvise MADV_HUGEPAGE: what THP's `madvise` mode waits for; the edges stay 4 KiB). Before the
+    first touch that is enough: the faults allocate 2 MiB pages. For pages already present,
+    `collapse` also asks MADV_COLLAPSE (Linux 6.1+) to copy them into huge pages now.
+    Returns "" on success, else why not (no THP here, a refused madvise): best effort, stated."""
+    start = (address + PAGE_2M - 1) // PAGE_2M * PAGE_2M
+    end = (address + nbytes) // PAGE_2M * PAGE_2M
+    if end <= start:
+        return "smaller than one 2 MiB page"
+    libc = numa_api().libc
+    if libc.madvise(start, end - start, MADV_HUGEPAGE) != 0:
+        return f"madvise(MADV_HUGEPAGE) failed: {os.strerror(ctypes.get_errno())}"
+    if collapse and libc.madvise(start, end - start, MADV_COLLAPSE) != 0:
+        return f"madvise(MADV_COLLAPSE) failed: {os.strerror(ctypes.get_errno())}"
+    return ""
+
+
+def huge_pages_ranges(ranges: Iterable[tuple[int, int]], collapse: bool = True) -> str:
+    """huge_pages_range over (address, nbytes) pairs (a peer's buffers, filled already: collapse).
+    "" when every range of at least one 2 MiB page was advised, else the first reason one was not."""
+    why = ""
+    for address, nbytes in ranges:
+        w = huge_pages_range(address, nbytes, collapse=collapse)
+        if w and w != "smaller than one 2 MiB page":
+            why = why or w
+    return why
+
+
+def huge_fraction(ranges: Iterable[tuple[int, int]], smaps_text: str | None = None) -> float:
+    """The share of the bytes of `ranges` ((address, nbytes) pairs) that sit on transparent huge pages,
+    from smaps: each VMA's AnonHugePages, spread over the part of the VMA the ranges cover (exact
+    when a range's VMA holds nothing else on huge pages, as a weight tensor's own mmap does)."""
+    vmas = parse_smaps(smaps_text)
+    total = huge = 0
+    for address, nbytes in ranges:
+        total += nbytes
+        for v in vmas:
+            lo, hi = max(v.start, address), min(v.end, address + nbytes)
+            if hi <= lo:
+                continue
+            thp = v.fields.get("AnonHugePages", 0)
+            rss = v.fields.get("Rss", 0)
+            if isinstance(thp, int) and isinstance(rss, int) and rss:
+                huge += (hi - lo) * min(1.0, thp / rss)
+    return huge / total if total else 0.0
 
 
 def page_nodes(addresses: list[int]) -> list[int]:

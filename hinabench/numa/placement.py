@@ -8,14 +8,27 @@ import os
 from typing import Iterable, NamedTuple
 
 from ..errors import UserError
-from .linux import interleave_range, memory_nodes, node_cpus
+from .linux import huge_fraction, huge_pages_range, huge_pages_ranges, interleave_range, memory_nodes, node_cpus
 from .model import element_size, remote_fraction_model
+
+
+HUGE_SUFFIX = "+thp"
+
+
+def huge_policy(policy: str) -> bool:
+    """Whether a memory policy asks for transparent huge pages: a '+thp' suffix ('default+thp',
+    'interleave+thp', 'bind:0+thp'); without it the weights get whatever THP's mode gives an
+    un-advised allocation (in `madvise` mode, as on the development machines: 4 KiB pages)."""
+    return policy.strip().lower().endswith(HUGE_SUFFIX)
 
 
 def parse_policy(policy: str) -> tuple[str, list[int] | None]:
     """'default' (first touch) | 'interleave' (all nodes, like numactl --interleave=all) |
-    'bind:N' -> (mode, nodes). Raises UserError for anything else or a node that does not exist."""
+    'bind:N' -> (mode, nodes), each optionally with '+thp' (huge_policy: the weights on 2 MiB pages).
+    Raises UserError for anything else or a node that does not exist."""
     p = policy.strip().lower()
+    if p.endswith(HUGE_SUFFIX):
+        p = p[: -len(HUGE_SUFFIX)]
     if p in ("default", "interleave"):
         return p, None if p == "default" else memory_nodes()
     if p.startswith("bind:"):
@@ -27,16 +40,31 @@ def parse_policy(policy: str) -> tuple[str, list[int] | None]:
             raise UserError(f"--numa {policy}: no memory node {p.split(':', 1)[1]} here "
                             f"(nodes: {', '.join(map(str, memory_nodes()))})")
         return "bind", [n]
-    raise UserError(f"unknown NUMA policy '{policy}'; known: default, interleave, bind:N")
+    raise UserError(f"unknown NUMA policy '{policy}'; known: default, interleave, bind:N, each with an "
+                    f"optional +thp (weights on transparent huge pages)")
 
 
-def place_tensor(t, mode: str, nodes: list[int] | None) -> None:
+def place_tensor(t, mode: str, nodes: list[int] | None, huge: bool = False) -> None:
     """Give an untouched tensor's pages a VMA policy (mbind) before the multi-threaded fill touches
     them: interleave over `nodes`, or all on one node (bind = interleave over that one node).
-    `mode`, `nodes`: what parse_policy returns; "default" leaves the pages to first touch."""
-    if mode == "default":
-        return
-    interleave_range(t.data_ptr(), t.numel() * t.element_size(), nodes)
+    `mode`, `nodes`: what parse_policy returns; "default" leaves the pages to first touch.
+    `huge` (huge_policy): also madvise the range for transparent huge pages, so the fill's faults
+    allocate 2 MiB pages."""
+    if mode != "default":
+        interleave_range(t.data_ptr(), t.numel() * t.element_size(), nodes)
+    if huge:
+        huge_pages_range(t.data_ptr(), t.numel() * t.element_size())
+
+
+def huge_pages_tensors(tensors, collapse: bool = True) -> str:
+    """Put tensors already filled (quantized copies) on transparent huge pages: madvise and
+    MADV_COLLAPSE each (Linux 6.1+). "" when done, else the first reason it could not be."""
+    return huge_pages_ranges([(t.data_ptr(), t.numel() * t.element_size()) for t in tensors], collapse)
+
+
+def huge_fraction_tensors(tensors) -> float:
+    """The share of the tensors' bytes on transparent huge pages (smaps; see linux.huge_fraction)."""
+    return huge_fraction([(t.data_ptr(), t.numel() * t.element_size()) for t in tensors])
 
 
 class WeightMatrices(NamedTuple):

@@ -177,6 +177,6 @@ class ProblemData:
 
 def place(t: torch.Tensor, numa: str) -> None:
     """Give an untouched tensor's pages the policy `numa` before the multi-threaded fill touches them."""
-    from ..numa.placement import parse_policy, place_tensor
+    from ..numa.placement import huge_policy, parse_policy, place_tensor
     mode, nodes = parse_policy(numa)
-    place_tensor(t, mode, nodes)
+    place_tensor(t, mode, nodes, huge=huge_policy(numa))

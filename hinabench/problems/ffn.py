@@ -383,6 +383,9 @@ def materialize(problem: FFNProblem, llc_bytes: int | None = None, rotate: bool 
         from ..quant import quantize
         data.q13 = quantize(w13, p.dtype, p.group)
         data.qdown = quantize(w_down, p.dtype, p.group)
+        from ..numa.placement import huge_pages_tensors, huge_policy
+        if huge_policy(numa):   # the quantized copies are new allocations, filled already
+            huge_pages_tensors([data.q13.q, data.q13.scale, data.qdown.q, data.qdown.scale])
     return data
 
 

@@ -197,8 +197,16 @@ class Worker:
         extra = int(getattr(self.peer, "extra_bytes", lambda: 0)())
         versions = dict(getattr(self.peer, "versions", lambda: {})())
         note = str(getattr(self.peer, "note", lambda: "")() or "")
+        # what this peer's kernel reads: its own copies (buffers()), else the problem's weights; under
+        # a '+thp' policy its copies go on huge pages too (they were allocated by the peer, not placed)
+        from ..numa.linux import huge_fraction, huge_pages_ranges
+        from ..numa.placement import huge_policy
+        bufs = getattr(self.peer, "buffers", None)
+        ranges = bufs() if bufs else [b for g in range(self.data.groups) for b in self.data.group_buffers(g)]
+        huge_why = huge_pages_ranges(ranges) if huge_policy(msg.get("numa", "default")) else ""
         return {"prepare_ms": prepare_ms, "extra_bytes": extra, "groups": self.data.groups,
-                "versions": versions, "note": note}
+                "versions": versions, "note": note, "huge_fraction": huge_fraction(ranges),
+                "huge_reason": huge_why}
 
     def validate(self, msg: dict) -> dict:
         out = self.peer.run(int(msg.get("group", 0)))

@@ -293,6 +293,11 @@ class WorkerBackend(Backend):
     def note(self) -> str:
         return str(self._prepared.get("note") or "")
 
+    def huge_pages(self) -> tuple[float | None, str]:
+        """The share of the bytes the peer's kernel reads that sit on transparent huge pages, in its
+        own process, and why a '+thp' policy could not put them there ("" if it could)."""
+        return self._prepared.get("huge_fraction"), str(self._prepared.get("huge_reason") or "")
+
     def versions(self) -> dict:
         v = dict(self._hello.get("versions", {}))
         v.update(self._prepared.get("versions", {}))
