@@ -37,7 +37,11 @@
 // Rows of differing piece cuts (Qwen3's W_down, K = 768) in the fused tasks (algorithm1_pieces, 2026-12-01):
 // before, such a matrix took the piece path, 32-row tiles 8 rows apart, through a partial buffer and
 // a scalar reduction. Qwen3 shapes, all 8 experts, median of 400 calls, A/B alternated twice: from
-// L3, T = 16 3.65-3.80 -> 2.76-2.99 ms, T = 1 within noise; from DRAM T = 4 4.35-4.73 -> 3.93-4.14. At T <= 16 the K loop's time is on
+// L3, T = 16 3.65-3.80 -> 2.76-2.99 ms, T = 1 within noise; from DRAM T = 4 4.35-4.73 -> 3.93-4.14.
+// Transformation 2 vectorised (store_act_tiles: SiLU, bf16 rounding and the pair interleave on 16 tokens
+// at once; it was glue.h's scalar store, an expf call per element): from L3, same A/B, T = 16
+// 2.48-2.50 -> 2.08-2.23 ms, T = 4 1.98-2.13 -> 1.94-1.95. With W in L1 instead of streamed (a
+// scratch build, not kept) the call's other work read 0.57 ms at T = 1 and 1.15 ms at T = 16. At T <= 16 the K loop's time is on
 // the W TILELOADDT1s (~80% of cpu-clock samples at Qwen3 T = 1): it streams, at 0.72 of the probe
 // on Qwen3 and 0.85 on Mixtral. Next: a K-blocked loop over L1-sized chunks of W and I (C tiles
 // carried across chunks), and a transient contiguous copy of the W block when M spans several token
@@ -232,6 +236,69 @@ struct Amx {
   }
 };
 
+// Transformation 2 on AMX: act columns [n0, n0 + n) of tokens [m0, m0 + M) = SiLU(g) * u, g and u
+// of column j and token m at [j * ldg + m], as the down projection's B tiles (bf16 pairs of rows
+// 2kp, 2kp+1 per token). The gate_up tasks and the piece path's store_act both come here, so the two
+// stay bit-identical. On real AMX (AVX-512 present): 16 tokens of a pair of rows at a time, exp by
+// a Cephes polynomial (within 2 ulp of expf), the bf16 rounding as f32_to_bf16's, one 64-byte
+// tile row per store. The emulated build keeps glue.h's scalar store.
+#if defined(HINA_EMU_AMX)
+void store_act_tiles(void* act, int act_K, int n0, int n, int m0, int M, const float* g, const float* u,
+                     int64_t ldg) {
+  store_act_block<Amx>(act, act_K, n0, n, m0, M, g, u, ldg);
+}
+#else
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-88.3762626647949f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+// f32_to_bf16 on 16 lanes: round to nearest even, NaN kept quiet; the bf16 in the low half.
+inline __m512i bf16_16(__m512 v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40)));
+}
+inline __m512 silu_mul16(__m512 g, __m512 u) {
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+  return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)), u);
+}
+void store_act_tiles(void* act, int act_K, int n0, int n, int m0, int M, const float* g, const float* u,
+                     int64_t ldg) {
+  uint32_t* dst = static_cast<uint32_t*>(act);
+  const int KB = act_K / kKr;
+  for (int j = 0; j < n; j += 2) {
+    const int pair = (n0 + j) / 2;
+    for (int m = 0; m < M;) {
+      const int mi = (m0 + m) % kTokTile, cnt = imin(kTokTile - mi, M - m);
+      const __mmask16 k = __mmask16(((1u << cnt) - 1u) << mi);
+      const float* g0 = g + int64_t(j) * ldg + m - mi;  // lane l: token m0 + m - mi + l
+      const float* u0 = u + int64_t(j) * ldg + m - mi;
+      const __m512 a = silu_mul16(_mm512_maskz_loadu_ps(k, g0), _mm512_maskz_loadu_ps(k, u0));
+      const __m512 b = silu_mul16(_mm512_maskz_loadu_ps(k, g0 + ldg), _mm512_maskz_loadu_ps(k, u0 + ldg));
+      const __m512i w = _mm512_or_si512(bf16_16(a), _mm512_slli_epi32(bf16_16(b), 16));
+      _mm512_mask_storeu_epi32(dst + bf16_b_pair_index(m0 + m - mi, pair, KB), k, w);
+      m += cnt;
+    }
+  }
+}
+#endif
+void store_act_amx(void* act, int act_K, int n0, int n, int M, const float* g, const float* u) {
+  store_act_tiles(act, act_K, n0, n, 0, M, g, u, M);
+}
+
 // W's load hint, chosen once per task: with M <= 32 tokens there is one token step, W has no reuse
 // and is streamed (TILELOADDT1, Section 4.2.2); f gets it as a type, Hint<true> or Hint<false>.
 template <bool kStream> struct Hint { static constexpr bool stream = kStream; };
@@ -271,7 +338,7 @@ void gate_up(const GateUpTask& t) {
       algorithm1_pieces<kStream>(t.w_gate + r0 * t.ldw_gate, t.ldw_gate, B, KB, s, G);
       algorithm1_pieces<kStream>(t.w_up + r0 * t.ldw_up, t.ldw_up, B, KB, s, U);
       // line 4: the second layout transformation
-      store_act_block<Amx>(t.act, t.act_K, t.n0 + r0, kNr, m0, mt, G, U, kMr);
+      store_act_tiles(t.act, t.act_K, t.n0 + r0, kNr, m0, mt, G, U, kMr);
     });
   });
 }
@@ -319,6 +386,6 @@ const MicroKernel microkernel_amx_bf16{
 #endif
     // Blocking: AMX's is fixed by its tiles (n_r = m_r = 32 above); the driver reads task_rows.
     Blocking{/*task_rows=*/64, 0, {}, 0, 0, 0, 0, 0, 0, 0, false, 0},
-    packed_bytes, pack_tokens, gate_up, down, piece_dots, store_act<Amx>, /*mixed_cuts=*/true};
+    packed_bytes, pack_tokens, gate_up, down, piece_dots, store_act_amx, /*mixed_cuts=*/true};
 
 }  // namespace hina
