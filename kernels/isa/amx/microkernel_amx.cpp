@@ -41,7 +41,10 @@
 // Transformation 2 vectorised (store_act_tiles: SiLU, bf16 rounding and the pair interleave on 16 tokens
 // at once; it was glue.h's scalar store, an expf call per element): from L3, same A/B, T = 16
 // 2.48-2.50 -> 2.08-2.23 ms, T = 4 1.98-2.13 -> 1.94-1.95. With W in L1 instead of streamed (a
-// scratch build, not kept) the call's other work read 0.57 ms at T = 1 and 1.15 ms at T = 16. At T <= 16 the K loop's time is on
+// scratch build, not kept) the call's other work read 0.57 ms at T = 1 and 1.15 ms at T = 16.
+// Tried and not kept: at M <= 16, two sets of operand tiles ((tmm0, tmm2, tmm3) and (tmm1, tmm5, tmm7))
+// in alternate K blocks, so that block kb+1's loads need not wait for block kb's products to release
+// their tiles: from L3 T = 1 / 16 0.95-1.02x, from DRAM T = 1 / 4 0.96-1.03x / 0.87-0.96x. At T <= 16 the K loop's time is on
 // the W TILELOADDT1s (~80% of cpu-clock samples at Qwen3 T = 1): it streams, at 0.72 of the probe
 // on Qwen3 and 0.85 on Mixtral. Next: a K-blocked loop over L1-sized chunks of W and I (C tiles
 // carried across chunks), and a transient contiguous copy of the W block when M spans several token
