@@ -8,7 +8,7 @@ import os
 from typing import Iterable, NamedTuple
 
 from ..errors import UserError
-from .linux import huge_fraction, huge_pages_range, huge_pages_ranges, interleave_range, memory_nodes, node_cpus
+from .linux import huge_pages_range, huge_pages_ranges, interleave_range, memory_nodes, node_cpus
 from .model import element_size, remote_fraction_model
 
 
@@ -60,11 +60,6 @@ def huge_pages_tensors(tensors, collapse: bool = True) -> str:
     """Put tensors already filled (quantized copies) on transparent huge pages: madvise and
     MADV_COLLAPSE each (Linux 6.1+). "" when done, else the first reason it could not be."""
     return huge_pages_ranges([(t.data_ptr(), t.numel() * t.element_size()) for t in tensors], collapse)
-
-
-def huge_fraction_tensors(tensors) -> float:
-    """The share of the tensors' bytes on transparent huge pages (smaps; see linux.huge_fraction)."""
-    return huge_fraction([(t.data_ptr(), t.numel() * t.element_size()) for t in tensors])
 
 
 class WeightMatrices(NamedTuple):
