@@ -33,7 +33,12 @@
 // W rows inner (B stays in L2): 0.95-0.97x at T = 32..256; TILELOAD instead of TILELOADDT1 for W at
 // M <= 32: 0.99-1.01x; software prefetch of each W row 4/8/16 K steps ahead: 1.02 / 0.97 / 0.88x
 // (Qwen3, T = 1..16); the next W block prefetched into L2 as one sequential stream while the current
-// one streams (Qwen3 rows are 4 KiB, a page each): 0.95-0.98x.
+// one streams (Qwen3 rows are 4 KiB, a page each): 0.95-0.98x. At T <= 16 the K loop's time is on
+// the W TILELOADDT1s (~80% of cpu-clock samples at Qwen3 T = 1): it streams, at 0.72 of the probe
+// on Qwen3 and 0.85 on Mixtral. Next: a K-blocked loop over L1-sized chunks of W and I (C tiles
+// carried across chunks), and a transient contiguous copy of the W block when M spans several token
+// groups.
+//
 // Rows of differing piece cuts (Qwen3's W_down, K = 768) in the fused tasks (algorithm1_pieces, 2026-12-01):
 // before, such a matrix took the piece path, 32-row tiles 8 rows apart, through a partial buffer and
 // a scalar reduction. Qwen3 shapes, all 8 experts, median of 400 calls, A/B alternated twice: from
@@ -44,11 +49,7 @@
 // scratch build, not kept) the call's other work read 0.57 ms at T = 1 and 1.15 ms at T = 16.
 // Tried and not kept: at M <= 16, two sets of operand tiles ((tmm0, tmm2, tmm3) and (tmm1, tmm5, tmm7))
 // in alternate K blocks, so that block kb+1's loads need not wait for block kb's products to release
-// their tiles: from L3 T = 1 / 16 0.95-1.02x, from DRAM T = 1 / 4 0.96-1.03x / 0.87-0.96x. At T <= 16 the K loop's time is on
-// the W TILELOADDT1s (~80% of cpu-clock samples at Qwen3 T = 1): it streams, at 0.72 of the probe
-// on Qwen3 and 0.85 on Mixtral. Next: a K-blocked loop over L1-sized chunks of W and I (C tiles
-// carried across chunks), and a transient contiguous copy of the W block when M spans several token
-// groups.
+// their tiles: from L3 T = 1 / 16 0.95-1.02x, from DRAM T = 1 / 4 0.96-1.03x / 0.87-0.96x.
 #include "isa/amx/tiles.h"
 
 #include "glue.h"
