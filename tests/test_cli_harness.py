@@ -283,8 +283,8 @@ def test_numa_policies_and_perf_columns(tmp_results):
 
 def test_a_thp_policy_is_its_own_point_with_its_page_share(tmp_results):
     """--numa default,default+thp: two points, each row saying how much of what the kernel reads sits
-    on transparent huge pages: all of it under +thp where THP is on, none without it in THP's
-    `madvise` mode (the development machines')."""
+    on transparent huge pages: none without +thp in THP's `madvise` mode (the development machines'),
+    all of it under +thp, or a note that says why not."""
     r = invoke("ffn", *FAST, "--tokens", "1", "--numa", "default,default+thp", "--out", str(tmp_results))
     assert r.exit_code == 0, r.output
     rows = {row["numa"]: row for row in read_rows(tmp_results)}
@@ -293,8 +293,12 @@ def test_a_thp_policy_is_its_own_point_with_its_page_share(tmp_results):
     thp = json.loads(invoke("sysinfo", "--json").output)["thp"]
     if thp == "madvise":
         assert float(rows["default"]["weight_huge_fraction"]) == 0.0
-    if thp in ("madvise", "always"):
-        assert float(rows["default+thp"]["weight_huge_fraction"]) > 0.9
+    got = float(rows["default+thp"]["weight_huge_fraction"])
+    # where the kernel had no free 2 MiB pages (a long test session's page cache) it falls back to
+    # 4 KiB pages, and the row says so rather than pass for a huge-page measurement
+    assert got > 0.9 or "huge pages: " in rows["default+thp"]["note"], rows["default+thp"]
+    if thp == "never":
+        assert got == 0.0
 
 
 def test_unknown_numa_policy_is_a_user_error():

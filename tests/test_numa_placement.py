@@ -60,6 +60,15 @@ def _thp_mode() -> str:
     return text[text.index("[") + 1:text.index("]")]
 
 
+def _vmstat(key: str) -> int:
+    with open("/proc/vmstat") as f:
+        for line in f:
+            k, _, v = line.partition(" ")
+            if k == key:
+                return int(v)
+    return 0
+
+
 def test_a_thp_policy_puts_the_weights_on_huge_pages_before_the_fill():
     """place(t, 'default+thp') madvises an untouched tensor, so the fill's faults take 2 MiB pages;
     without +thp (THP in madvise mode) they stay 4 KiB. huge_fraction reads it back from smaps."""
@@ -69,8 +78,11 @@ def test_a_thp_policy_puts_the_weights_on_huge_pages_before_the_fill():
     mm = mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     t = torch.frombuffer(mm, dtype=torch.bfloat16)
     place(t, "default+thp")
+    before = _vmstat("thp_fault_fallback")
     t.fill_(1.0)
     got = nm.huge_fraction([(t.data_ptr(), t.numel() * 2)])
+    if got < 0.5 and _vmstat("thp_fault_fallback") > before:
+        pytest.skip("the kernel had no free 2 MiB pages (thp_fault_fallback rose): 4 KiB pages given")
     assert got >= 0.5, got            # the 2 MiB-aligned interior: 7 or 8 of 8 pages
     if _thp_mode() == "madvise":
         mm2 = mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

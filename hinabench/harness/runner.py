@@ -240,6 +240,7 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
             own_pages = getattr(t.backend, "huge_pages", None)   # a worker: its own copies
             frac, why = own_pages() if callable(own_pages) else (huge_here, "")
             t.row["weight_huge_fraction"] = frac
+            why = why or _huge_shortfall(point.numa, frac)
             if why:
                 t.row["note"] = "; ".join(x for x in (t.row.get("note"), f"huge pages: {why}") if x)
             t.row["versions"] = t.backend.versions()
@@ -345,3 +346,13 @@ def _huge_fraction(data) -> float:
     """The share of the problem's weight bytes (every rotation group) on transparent huge pages."""
     from ..numa.linux import huge_fraction
     return huge_fraction([b for g in range(data.groups) for b in data.group_buffers(g)])
+
+
+def _huge_shortfall(policy: str, frac: float | None) -> str:
+    """Why a '+thp' point's weights are not (all) on huge pages, or "": the madvise went through but
+    the kernel had no free 2 MiB pages to give (it falls back to 4 KiB: /proc/vmstat thp_fault_fallback)."""
+    from ..numa.placement import huge_policy
+    if not huge_policy(policy) or frac is None or frac >= 0.9:
+        return ""
+    return (f"asked for, but {frac:.0%} of the bytes got them (the kernel fell back to 4 KiB pages: no "
+            f"free 2 MiB pages; see /proc/vmstat thp_fault_fallback)")
