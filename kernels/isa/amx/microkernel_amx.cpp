@@ -53,6 +53,9 @@
 #include "isa/amx/tiles.h"
 
 #include "glue.h"
+#if !defined(HINA_EMU_AMX)
+#include "isa/avx512/attention_vec512.h"   // vec512::exp2_ps (tiles.h brought <immintrin.h>)
+#endif
 
 namespace hina {
 namespace {  // internal linkage: see glue.h, LINKAGE
@@ -243,30 +246,16 @@ struct Amx {
 // Transformation 2 on AMX: act columns [n0, n0 + n) of tokens [m0, m0 + M) = SiLU(g) * u, g and u
 // of column j and token m at [j * ldg + m], as the down projection's B tiles (bf16 pairs of rows
 // 2kp, 2kp+1 per token). The gate_up tasks and the piece path's store_act both come here, so the two
-// stay bit-identical. On real AMX (AVX-512 present): 16 tokens of a pair of rows at a time, exp by
-// a Cephes polynomial (within 2 ulp of expf), the bf16 rounding as f32_to_bf16's, one 64-byte
-// tile row per store. The emulated build keeps glue.h's scalar store.
+// stay bit-identical. On real AMX (AVX-512 present): 16 tokens of a pair of rows at a time, exp(-g)
+// as 2^(-g log2 e) by the attention kernels' exp2_ps (relative error ~1e-7, then the product's
+// rounding), the bf16 rounding as f32_to_bf16's, one 64-byte tile row per store. The emulated build
+// keeps glue.h's scalar store.
 #if defined(HINA_EMU_AMX)
 void store_act_tiles(void* act, int act_K, int n0, int n, int m0, int M, const float* g, const float* u,
                      int64_t ldg) {
   store_act_block<Amx>(act, act_K, n0, n, m0, M, g, u, ldg);
 }
 #else
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-88.3762626647949f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);
-}
 // f32_to_bf16 on 16 lanes: round to nearest even, NaN kept quiet; the bf16 in the low half.
 inline __m512i bf16_16(__m512 v) {
   const __m512i b = _mm512_castps_si512(v);
@@ -276,7 +265,10 @@ inline __m512i bf16_16(__m512 v) {
   return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40)));
 }
 inline __m512 silu_mul16(__m512 g, __m512 u) {
-  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+  // exp(-g) = 2^(-g log2 e); above 2^127 (g < -88) the quotient is ~0 either way, and exp2_ps does
+  // not clamp that side
+  const __m512 x = _mm512_min_ps(_mm512_mul_ps(g, _mm512_set1_ps(-1.44269504088896341f)), _mm512_set1_ps(127.f));
+  const __m512 e = vec512::exp2_ps(x);
   return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)), u);
 }
 void store_act_tiles(void* act, int act_K, int n0, int n, int m0, int M, const float* g, const float* u,

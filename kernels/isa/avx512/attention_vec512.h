@@ -1,6 +1,7 @@
 // The AVX-512 vector steps the attention micro-kernels share: the AVX-512 BF16 kernel
 // (attention_avx512.cpp, real and SIMDe-emulated) and the AMX kernel's non-tile steps
-// (attention_amx.cpp: every AMX CPU has AVX-512 BF16). The including file brings the intrinsics
+// (attention_amx.cpp: every AMX CPU has AVX-512 BF16). exp2_ps also serves the AMX FFN kernel's
+// SiLU (microkernel_amx.cpp). The including file brings the intrinsics
 // (<immintrin.h> or SIMDe's), so this header works under both.
 #pragma once
 
