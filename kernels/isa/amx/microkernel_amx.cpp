@@ -49,7 +49,7 @@
 // scratch build, not kept) the call's other work read 0.57 ms at T = 1 and 1.15 ms at T = 16.
 // Tried and not kept: at M <= 16, two sets of operand tiles ((tmm0, tmm2, tmm3) and (tmm1, tmm5, tmm7))
 // in alternate K blocks, so that block kb+1's loads need not wait for block kb's products to release
-// their tiles: from L3 T = 1 / 16 0.95-1.02x, from DRAM T = 1 / 4 0.96-1.03x / 0.87-0.96x.
+// their tiles: from L3 T = 1 / 16 0.95-1.02x / 0.92-1.00x, from DRAM T = 1 / 4 0.97-1.03x / 0.87-0.96x.
 #include "isa/amx/tiles.h"
 
 #include "glue.h"
