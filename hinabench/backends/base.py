@@ -84,8 +84,7 @@ class Backend(ABC):
         if getattr(self, "_state", None) is None:
             self._state = MeasureState()
         d = self.data
-        buffers = [b for g in range(d.groups) for b in d.group_buffers(g)]
-        return measure_round(self.run, rnd, plan, self._state, buffers, self.threads, d.groups, counter)
+        return measure_round(self.run, rnd, plan, self._state, d.buffers(), self.threads, d.groups, counter)
 
     def perf_session(self):
         """A perf session on the process that runs the kernel (this one, for in-process backends)."""

@@ -345,7 +345,7 @@ def _llc() -> int:
 def _huge_fraction(data) -> float:
     """The share of the problem's weight bytes (every rotation group) on transparent huge pages."""
     from ..numa.linux import huge_fraction
-    return huge_fraction([b for g in range(data.groups) for b in data.group_buffers(g)])
+    return huge_fraction(data.buffers())
 
 
 def _huge_shortfall(policy: str, frac: float | None) -> str:

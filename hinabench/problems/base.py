@@ -165,6 +165,11 @@ class ProblemData:
         """(address, bytes) of the weights group `group` reads: for the same-buffer read probe."""
         raise NotImplementedError
 
+    def buffers(self) -> list[tuple[int, int]]:
+        """(address, bytes) of the weights every rotation group reads: what the read probe streams and
+        what a '+thp' policy's page share is measured over."""
+        return [b for g in range(self.groups) for b in self.group_buffers(g)]
+
     def compute_reference(self, group: int) -> torch.Tensor:
         raise NotImplementedError
 

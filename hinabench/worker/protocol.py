@@ -164,6 +164,7 @@ class Worker:
     def __init__(self):
         self.peer = None
         self.data = None
+        self.read_buffers: list = []   # what the peer's kernel reads (prepare): probed, put on huge pages
         self.state = None
         self.threads = 1
         self.module = ""
@@ -202,7 +203,7 @@ class Worker:
         from ..numa.linux import huge_fraction, huge_pages_ranges
         from ..numa.placement import huge_policy
         bufs = getattr(self.peer, "buffers", None)
-        ranges = bufs() if bufs else [b for g in range(self.data.groups) for b in self.data.group_buffers(g)]
+        ranges = self.read_buffers = bufs() if bufs else self.data.buffers()
         huge_why = huge_pages_ranges(ranges) if huge_policy(msg.get("numa", "default")) else ""
         return {"prepare_ms": prepare_ms, "extra_bytes": extra, "groups": self.data.groups,
                 "versions": versions, "note": note, "huge_fraction": huge_fraction(ranges),
@@ -218,8 +219,7 @@ class Worker:
             self.state = MeasureState()
         plan = RoundPlan(**msg["plan"])
         d = self.data
-        bufs = getattr(self.peer, "buffers", None)
-        buffers = bufs() if bufs else [b for g in range(d.groups) for b in d.group_buffers(g)]
+        buffers = self.read_buffers   # the peer's own copies, else the problem's weights (prepare)
         counter = None
         if msg.get("perf"):
             if self.perf is None:
