@@ -87,6 +87,15 @@ struct VnniKn {
   // 4 rows (two gate/up pairs) at M = 2 too, since the spread: T = 2 Qwen3 1.83 -> 1.61 ms, Mixtral (all 8
   // experts) 55.7 -> 52.3; at M = 3 no change measured (1.80-1.95 vs 1.86 ms), at M = 4 slower (2.06 vs
   // 1.77-1.90: 16 + 16 + 4 accumulators do not fit the 32 registers).
+  // Tried and not kept (2026-12-02, same machine, Qwen3-30B-A3B shapes over all 8 experts, median of
+  // 300-600 calls, builds alternated twice): the weights made unsigned instead of the tokens (w ^ 0x80 on
+  // load, the compensation 128 x sum(x) per token and group computed in the gather), which drops the
+  // per-row compensation vpdpbusd -- on 512-bit vectors T = 4 from L3 1.41-1.45 -> 1.53 ms (zmm
+  // vpdpbusd, cvt and fma all issue on one port); on 256-bit vectors with the scale products s_w x
+  // s_x precomputed per K block and the group a template constant, 1.42-1.48 -> 1.51-1.54; T = 1 the
+  // same within noise from L3 (0.96-0.98 ms) and from DRAM (1.67-1.71). Nor an L2 prefetch three tiles
+  // ahead instead of one (T = 1 from DRAM 1.67-1.71 -> 1.75-1.81). At T = 1 from L3 the call is ~0.97
+  // ms for 37.7 MB, at T = 4 ~1.4: the DRAM time (1.7 / 2.0) is not this loop's instruction count.
   static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
                                        /*spread=*/true};
   template <int R, int TT, int PF>
