@@ -208,28 +208,123 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const bf16
     }
 }
 
+// The fp32 tokens' row stride: K to a whole 64-block.
+inline int64_t f8_ld(int K) { return (int64_t(K) + 63) & ~int64_t(63); }
+
+// Two or more tokens: the weights widened to fp32 instead (the table bytes put together by vpunpck,
+// one cycle each, where vpermt2b takes two) and one vfmadd231ps per 16 weights and token, where a
+// vdpbf16ps per 32 takes two cycles (both measured on the AMX Xeon by register-only loops, 2026-12-02:
+// vdpbf16ps and vpermt2b ~0.6 ns each at any number of chains, a zmm fma 0.15 ns; the bf16 tile's loop
+// alone, data in L1, 15 ns per 64 weights of two rows and four tokens: its vdpbf16ps and permutes
+// summed, 2 cycles each). The unpacks keep 128-bit lanes, so a 64-weight step's four fp32 vectors hold
+// weights 16L + 4q + e (lane L, vector q, element e): the tokens are packed in that order (f8_tok_pos),
+// in fp32 (x exactly; the intermediate unrounded, as the AVX2 kernel keeps it). Against the bf16 tile
+// for every M (2026-12-02, Qwen3-30B-A3B shapes over all 8 experts, median of 300 calls, builds
+// alternated twice): from DRAM T = 2 2.18-2.22 -> 2.08-2.12 ms, T = 4 3.23-3.30 -> 2.96-3.07, T = 8
+// 8.78-8.84 -> 6.93; from L3 T = 2 2.07-2.08 -> 1.81-1.92, T = 4 3.02-3.16 -> 2.88-2.95; Mixtral's
+// shapes at T = 4 (all 8 experts) unchanged, 101-102 ms (its 4 tokens' fp32 rows of 4096 and 14336 no
+// longer sit in L1). T = 1 keeps the bf16 tile (within noise either way).
+inline int f8_tok_pos(int k) {   // position of weight k of its 64-block in the packed token row
+  const int j = k & 63;
+  return (k & ~63) | ((j >> 2) & 3) << 4 | (j >> 4) << 2 | (j & 3);
+}
+template <int R, int TT, int PF>
+HINA_VBMI void f8_tile_f32(const int8_t* const* w, const float* const* s, const float* const* x, int kb0, int kb1,
+                           float* c, int ldc, const int8_t* const* nxt) {
+  const F8Tables tab;
+  const __m512i zero = _mm512_setzero_si512();
+  __m512 acc[R][TT];
+  #pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int k0 = kb0, bi = kb0 / 128; k0 < kb1; k0 += 128, ++bi) {
+    const int k1 = k0 + 128 < kb1 ? k0 + 128 : kb1;
+    if constexpr (PF == 2) prefetch_l2_rows<R>(nxt, k0 - kb0, k1 - k0);
+    __m512 blk[R][TT];
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      #pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_setzero_ps();
+    for (int k = k0; k < k1; k += 64) {
+      const bool half = k + 64 > k1;   // 32 weights left (K is a multiple of 32): the rest read as 0
+      #pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        __m512i h, l;
+        f8_bytes(half ? _mm512_maskz_loadu_epi64(0x0F, w[r] + k) : _mm512_loadu_si512(w[r] + k), tab, h, l);
+        const __m512i lo = _mm512_unpacklo_epi8(l, h), hi = _mm512_unpackhi_epi8(l, h);   // bf16 words
+        const __m512 f[4] = {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, lo)),
+                             _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, lo)),
+                             _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, hi)),
+                             _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, hi))};
+        #pragma GCC unroll 8
+        for (int t = 0; t < TT; ++t)
+          #pragma GCC unroll 4
+          for (int q = 0; q < 4; ++q) blk[r][t] = _mm512_fmadd_ps(f[q], _mm512_loadu_ps(x[t] + k + 16 * q), blk[r][t]);
+      }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 sv = _mm512_set1_ps(s[r][bi] * kF8Unscale);
+      #pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_fmadd_ps(blk[r][t], sv, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) {
+      const __m512 a = acc[r][t];
+      c[r * ldc + t] += hsum8(_mm256_add_ps(_mm512_castps512_ps256(a),
+                                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
+    }
+}
+
 struct Fp8Kn {
   static constexpr Dtype dtype = Dtype::fp8;
   static constexpr QBlocking kBlocking = VnniKn::kBlocking;   // 4 rows at M = 2..4: 3.2 vs 2.7 ms (T = 4, L3)
   template <int R, int TT, int PF>
-  static void tile(const int8_t* const* w, const float* const* sw, const void* I, int, int K, int, int kb0,
+  static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int, int kb0,
                    int kb1, int t0, float* c, int ldc, const int8_t* const* nxt) {
-    const bf16_t* x[TT];
-    for (int t = 0; t < TT; ++t) x[t] = static_cast<const bf16_t*>(I) + int64_t(t0 + t) * K;
-    f8_tile<R, TT, PF>(w, sw, x, kb0, kb1, c, ldc, nxt);
+    if (M == 1) {   // one token: bf16 and vdpbf16ps (the conversion is what costs there)
+      const bf16_t* x[TT];
+      for (int t = 0; t < TT; ++t) x[t] = static_cast<const bf16_t*>(I) + int64_t(t0 + t) * K;
+      return f8_tile<R, TT, PF>(w, sw, x, kb0, kb1, c, ldc, nxt);
+    }
+    const float* x[TT];
+    for (int t = 0; t < TT; ++t) x[t] = static_cast<const float*>(I) + int64_t(t0 + t) * f8_ld(K);
+    f8_tile_f32<R, TT, PF>(w, sw, x, kb0, kb1, c, ldc, nxt);
   }
   static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row / 128) * lds; }
 };
 
-// The tokens: bf16 rows [M][K] (x copied; the intermediate rounded to nearest even).
-size_t f8bf_packed_bytes(int M, int K, int) { return size_t(M) * K * sizeof(bf16_t); }
+// The tokens: one token, a bf16 row (x copied; the intermediate rounded to nearest even); more, fp32 rows
+// of f8_ld(K) (K to a whole 64-block, zero-padded) in f8_tok_pos order.
+size_t f8bf_packed_bytes(int M, int K, int) {
+  return M == 1 ? size_t(K) * sizeof(bf16_t) : size_t(M) * f8_ld(K) * sizeof(float);
+}
+inline void f8_put_f32(const float* v, int m, int K, void* out) {
+  float* d = static_cast<float*>(out) + m * f8_ld(K);
+  for (int64_t k = K; k < f8_ld(K); ++k) d[f8_tok_pos(int(k))] = 0.f;
+  for (int k = 0; k < K; ++k) d[f8_tok_pos(k)] = v[k];
+}
 void f8bf_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int, void* I) {
-  for (int m = 0; m < M; ++m)
-    std::memcpy(static_cast<bf16_t*>(I) + int64_t(m) * K, x + int64_t(rows[m]) * ldx, size_t(K) * sizeof(bf16_t));
+  if (M == 1) {
+    std::memcpy(I, x + int64_t(rows[0]) * ldx, size_t(K) * sizeof(bf16_t));
+    return;
+  }
+  float* v = tl_row.get(size_t(K));
+  for (int m = 0; m < M; ++m) {
+    const bf16_t* src = x + int64_t(rows[m]) * ldx;
+    for (int k = 0; k < K; ++k) v[k] = bf16_to_f32(src[k]);
+    f8_put_f32(v, m, K, I);
+  }
 }
 void f8bf_pack_act(const float* act, int M, int K, int, void* out) {
-  bf16_t* d = static_cast<bf16_t*>(out);
-  for (int64_t i = 0; i < int64_t(M) * K; ++i) d[i] = f32_to_bf16(act[i]);
+  if (M == 1) {
+    bf16_t* d = static_cast<bf16_t*>(out);
+    for (int k = 0; k < K; ++k) d[k] = f32_to_bf16(act[k]);
+    return;
+  }
+  for (int m = 0; m < M; ++m) f8_put_f32(act + int64_t(m) * K, m, K, out);
 }
 
 }  // namespace
