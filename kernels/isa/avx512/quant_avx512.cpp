@@ -24,6 +24,7 @@
 
 #include <cstring>
 
+#include "common.h"   // cpu_features (cpu.cpp)
 #include "isa/avx512/f8_vbmi.h"
 #include "quant_glue.h"
 
@@ -208,6 +209,20 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const bf16
     }
 }
 
+// Which form an expert of M tokens takes (its pack and its tiles alike). The widening was measured on
+// the AMX Xeon only, where vdpbf16ps is a two-cycle instruction; on CPUs without AMX (Zen 4/5, Cooper
+// Lake: not measured, and Zen 4 issues a zmm fma no faster than a vdpbf16ps of twice its products)
+// the vdpbf16ps tile stays. The emulated build takes each form for half the token counts, so the same
+// tests run both.
+#if defined(HINA_EMU_AVX512)
+inline bool f8_widen(int M) { return M >= 2 && M % 2 == 0; }
+#else
+inline bool f8_widen(int M) {
+  static const bool amx = cpu_features().amx_bf16;
+  return M >= 2 && amx;
+}
+#endif
+
 // The fp32 tokens' row stride: K to a whole 64-block.
 inline int64_t f8_ld(int K) { return (int64_t(K) + 63) & ~int64_t(63); }
 
@@ -284,7 +299,7 @@ struct Fp8Kn {
   template <int R, int TT, int PF>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int, int kb0,
                    int kb1, int t0, float* c, int ldc, const int8_t* const* nxt) {
-    if (M == 1) {   // one token: bf16 and vdpbf16ps (the conversion is what costs there)
+    if (!f8_widen(M)) {   // one token (the conversion is what costs there), or no AMX: bf16 and vdpbf16ps
       const bf16_t* x[TT];
       for (int t = 0; t < TT; ++t) x[t] = static_cast<const bf16_t*>(I) + int64_t(t0 + t) * K;
       return f8_tile<R, TT, PF>(w, sw, x, kb0, kb1, c, ldc, nxt);
@@ -296,10 +311,10 @@ struct Fp8Kn {
   static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row / 128) * lds; }
 };
 
-// The tokens: one token, a bf16 row (x copied; the intermediate rounded to nearest even); more, fp32 rows
-// of f8_ld(K) (K to a whole 64-block, zero-padded) in f8_tok_pos order.
+// The tokens: bf16 rows (x copied; the intermediate rounded to nearest even); widened (f8_widen), fp32
+// rows of f8_ld(K) (K to a whole 64-block, zero-padded) in f8_tok_pos order.
 size_t f8bf_packed_bytes(int M, int K, int) {
-  return M == 1 ? size_t(K) * sizeof(bf16_t) : size_t(M) * f8_ld(K) * sizeof(float);
+  return f8_widen(M) ? size_t(M) * f8_ld(K) * sizeof(float) : size_t(M) * K * sizeof(bf16_t);
 }
 inline void f8_put_f32(const float* v, int m, int K, void* out) {
   float* d = static_cast<float*>(out) + m * f8_ld(K);
@@ -307,8 +322,9 @@ inline void f8_put_f32(const float* v, int m, int K, void* out) {
   for (int k = 0; k < K; ++k) d[f8_tok_pos(k)] = v[k];
 }
 void f8bf_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int, void* I) {
-  if (M == 1) {
-    std::memcpy(I, x + int64_t(rows[0]) * ldx, size_t(K) * sizeof(bf16_t));
+  if (!f8_widen(M)) {
+    for (int m = 0; m < M; ++m)
+      std::memcpy(static_cast<bf16_t*>(I) + int64_t(m) * K, x + int64_t(rows[m]) * ldx, size_t(K) * sizeof(bf16_t));
     return;
   }
   float* v = tl_row.get(size_t(K));
@@ -319,9 +335,9 @@ void f8bf_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, 
   }
 }
 void f8bf_pack_act(const float* act, int M, int K, int, void* out) {
-  if (M == 1) {
+  if (!f8_widen(M)) {
     bf16_t* d = static_cast<bf16_t*>(out);
-    for (int k = 0; k < K; ++k) d[k] = f32_to_bf16(act[k]);
+    for (int64_t i = 0; i < int64_t(M) * K; ++i) d[i] = f32_to_bf16(act[i]);
     return;
   }
   for (int m = 0; m < M; ++m) f8_put_f32(act + int64_t(m) * K, m, K, out);
