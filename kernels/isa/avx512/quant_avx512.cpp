@@ -23,6 +23,7 @@
 #endif
 
 #include <cstring>
+#include <type_traits>
 
 #include "common.h"   // cpu_features (cpu.cpp)
 #include "isa/avx512/f8_vbmi.h"
@@ -140,75 +141,6 @@ constexpr float kF8Unscale = 0x1p-120f;
 // vpermt2b (f8_vbmi.h) is AVX512_VBMI, which this file's flags leave out (the INT8 kernel beside it runs
 // on Cooper Lake): the FP8 tile alone is compiled for it; the table entry asks isa_usable("avx512-vbmi")
 
-// c[r * ldc + t] += sum_blocks s[r][blk] * 2^-120 * sum_{k in blk} W_r[k] * X_t[k]  (s arrives x 2^120)
-// The fp32 sums across blocks live in L1 (accm), the block's in registers (Qwen3-30B-A3B T = 4 from
-// L3: 2.74 ms, against 2.85 with both in registers, with the first conversion).
-template <int R, int TT, int PF>
-HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const bf16_t* const* x, int kb0, int kb1,
-                    float* c, int ldc, const int8_t* const* nxt) {
-  const F8Tables tab;
-  const __m512i even = _mm512_load_si512(kF8Lut.even), odd = _mm512_load_si512(kF8Lut.odd);
-  alignas(64) float accm[R * TT * 16];
-  for (int i = 0; i < R * TT * 16; ++i) accm[i] = 0.f;
-  for (int k0 = kb0, bi = kb0 / 128; k0 < kb1; k0 += 128, ++bi) {
-    const int k1 = k0 + 128 < kb1 ? k0 + 128 : kb1;
-    if constexpr (PF == 2) prefetch_l2_rows<R>(nxt, k0 - kb0, k1 - k0);
-    __m512 blk[R][TT];
-    #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-      #pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_setzero_ps();
-    int k = k0;
-    for (; k + 64 <= k1; k += 64) {
-      __m512i xa[TT], xb[TT];
-      #pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) {
-        xa[t] = _mm512_loadu_si512(x[t] + k);
-        xb[t] = _mm512_loadu_si512(x[t] + k + 32);
-      }
-      #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        __m512i h, l;
-        f8_bytes(_mm512_loadu_si512(w[r] + k), tab, h, l);
-        const __m512i wa = _mm512_permutex2var_epi8(l, even, h), wb = _mm512_permutex2var_epi8(l, odd, h);
-        #pragma GCC unroll 8
-        for (int t = 0; t < TT; ++t) {
-          blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wa, (__m512bh)xa[t]);
-          blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wb, (__m512bh)xb[t]);
-        }
-      }
-    }
-    if (k < k1) {   // 32 left (K is a multiple of 32)
-      __m512i xa[TT];
-      #pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) xa[t] = _mm512_loadu_si512(x[t] + k);
-      #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        __m512i h, l;
-        f8_bytes(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k))), tab, h, l);
-        const __m512i wa = _mm512_permutex2var_epi8(l, even, h);
-        #pragma GCC unroll 8
-        for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wa, (__m512bh)xa[t]);
-      }
-    }
-    #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512 sv = _mm512_set1_ps(s[r][bi] * kF8Unscale);
-      #pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) {
-        float* a = accm + (r * TT + t) * 16;
-        _mm512_store_ps(a, _mm512_fmadd_ps(blk[r][t], sv, _mm512_load_ps(a)));
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < TT; ++t) {
-      const __m512 a = _mm512_load_ps(accm + (r * TT + t) * 16);
-      c[r * ldc + t] += hsum8(_mm256_add_ps(_mm512_castps512_ps256(a),
-                                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
-    }
-}
-
 // Which form an expert of M tokens takes (its pack and its tiles alike). The widening was measured on
 // the AMX Xeon only, where vdpbf16ps is a two-cycle instruction; on CPUs without AMX (Zen 4/5, Cooper
 // Lake: not measured, and Zen 4 issues a zmm fma no faster than a vdpbf16ps of twice its products)
@@ -243,16 +175,26 @@ inline int f8_tok_pos(int k) {   // position of weight k of its 64-block in the 
   const int j = k & 63;
   return (k & ~63) | ((j >> 2) & 3) << 4 | (j >> 4) << 2 | (j & 3);
 }
-template <int R, int TT, int PF>
-HINA_VBMI void f8_tile_f32(const int8_t* const* w, const float* const* s, const float* const* x, int kb0, int kb1,
-                           float* c, int ldc, const int8_t* const* nxt) {
+// c[r * ldc + t] += sum_blocks s[r][blk] * 2^-120 * sum_{k in blk} W_r[k] * X_t[k]  (s arrives x 2^120)
+// The bf16 form's fp32 sums across blocks live in L1 (accm), the block's in registers (Qwen3-30B-A3B T =
+// 4 from L3: 2.74 ms, against 2.85 with both in registers, with the first conversion). kWide: the tokens are
+// fp32 in f8_tok_pos order and the weights widened to fp32 (above); else bf16 in their natural order.
+template <int R, int TT, int PF, bool kWide>
+HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const void* const* xp, int kb0, int kb1,
+                       float* c, int ldc, const int8_t* const* nxt) {
   const F8Tables tab;
+  const __m512i even = _mm512_load_si512(kF8Lut.even), odd = _mm512_load_si512(kF8Lut.odd);
   const __m512i zero = _mm512_setzero_si512();
-  __m512 acc[R][TT];
+  alignas(64) float accm[R * TT * 16];    // the bf16 form's sums across blocks (in L1)
+  __m512 acc[R][TT];                       // the wide form's (in registers: T = 4 from L3 2.89-2.91 ms
+                                           // against 3.10-3.12 in L1)
   #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
     #pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
+    for (int t = 0; t < TT; ++t) {
+      acc[r][t] = _mm512_setzero_ps();
+      _mm512_store_ps(accm + (r * TT + t) * 16, acc[r][t]);
+    }
   for (int k0 = kb0, bi = kb0 / 128; k0 < kb1; k0 += 128, ++bi) {
     const int k1 = k0 + 128 < kb1 ? k0 + 128 : kb1;
     if constexpr (PF == 2) prefetch_l2_rows<R>(nxt, k0 - kb0, k1 - k0);
@@ -261,33 +203,69 @@ HINA_VBMI void f8_tile_f32(const int8_t* const* w, const float* const* s, const 
     for (int r = 0; r < R; ++r)
       #pragma GCC unroll 8
       for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_setzero_ps();
-    for (int k = k0; k < k1; k += 64) {
-      const bool half = k + 64 > k1;   // 32 weights left (K is a multiple of 32): the rest read as 0
-      #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        __m512i h, l;
-        f8_bytes(half ? _mm512_maskz_loadu_epi64(0x0F, w[r] + k) : _mm512_loadu_si512(w[r] + k), tab, h, l);
-        const __m512i lo = _mm512_unpacklo_epi8(l, h), hi = _mm512_unpackhi_epi8(l, h);   // bf16 words
-        const __m512 f[4] = {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, lo)),
-                             _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, lo)),
-                             _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, hi)),
-                             _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, hi))};
+    // a step of 64 weights; kHalf: the last 32 (K is a multiple of 32), the rest read as 0
+    auto step = [&](int k, auto half_c) HINA_VBMI {
+      constexpr bool half = decltype(half_c)::value;
+      if constexpr (kWide) {
         #pragma GCC unroll 8
-        for (int t = 0; t < TT; ++t)
-          #pragma GCC unroll 4
-          for (int q = 0; q < 4; ++q) blk[r][t] = _mm512_fmadd_ps(f[q], _mm512_loadu_ps(x[t] + k + 16 * q), blk[r][t]);
+        for (int r = 0; r < R; ++r) {
+          __m512i h, l;
+          f8_bytes(half ? _mm512_maskz_loadu_epi64(0x0F, w[r] + k) : _mm512_loadu_si512(w[r] + k), tab, h, l);
+          const __m512i lo = _mm512_unpacklo_epi8(l, h), hi = _mm512_unpackhi_epi8(l, h);   // bf16 words
+          const __m512 f[4] = {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, lo)),
+                               _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, lo)),
+                               _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, hi)),
+                               _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, hi))};
+          #pragma GCC unroll 8
+          for (int t = 0; t < TT; ++t)
+            #pragma GCC unroll 4
+            for (int q = 0; q < 4; ++q)
+              blk[r][t] = _mm512_fmadd_ps(f[q], _mm512_loadu_ps(static_cast<const float*>(xp[t]) + k + 16 * q),
+                                          blk[r][t]);
+        }
+      } else {
+        __m512i xa[TT], xb[TT];
+        #pragma GCC unroll 8
+        for (int t = 0; t < TT; ++t) {
+          const bf16_t* x = static_cast<const bf16_t*>(xp[t]);
+          xa[t] = _mm512_loadu_si512(x + k);
+          xb[t] = half ? zero : _mm512_loadu_si512(x + k + 32);
+        }
+        #pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          __m512i h, l;
+          f8_bytes(half ? _mm512_maskz_loadu_epi64(0x0F, w[r] + k) : _mm512_loadu_si512(w[r] + k), tab, h, l);
+          const __m512i wa = _mm512_permutex2var_epi8(l, even, h);
+          #pragma GCC unroll 8
+          for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wa, (__m512bh)xa[t]);
+          if constexpr (!half) {
+            const __m512i wb = _mm512_permutex2var_epi8(l, odd, h);
+            #pragma GCC unroll 8
+            for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wb, (__m512bh)xb[t]);
+          }
+        }
       }
-    }
+    };
+    int k = k0;
+    for (; k + 64 <= k1; k += 64) step(k, std::false_type{});
+    if (k < k1) step(k, std::true_type{});
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 sv = _mm512_set1_ps(s[r][bi] * kF8Unscale);
       #pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_fmadd_ps(blk[r][t], sv, acc[r][t]);
+      for (int t = 0; t < TT; ++t) {
+        if constexpr (kWide) {
+          acc[r][t] = _mm512_fmadd_ps(blk[r][t], sv, acc[r][t]);
+        } else {
+          float* a = accm + (r * TT + t) * 16;
+          _mm512_store_ps(a, _mm512_fmadd_ps(blk[r][t], sv, _mm512_load_ps(a)));
+        }
+      }
     }
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < TT; ++t) {
-      const __m512 a = acc[r][t];
+      const __m512 a = kWide ? acc[r][t] : _mm512_load_ps(accm + (r * TT + t) * 16);
       c[r * ldc + t] += hsum8(_mm256_add_ps(_mm512_castps512_ps256(a),
                                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
     }
@@ -299,14 +277,13 @@ struct Fp8Kn {
   template <int R, int TT, int PF>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int, int kb0,
                    int kb1, int t0, float* c, int ldc, const int8_t* const* nxt) {
-    if (!f8_widen(M)) {   // one token (the conversion is what costs there), or no AMX: bf16 and vdpbf16ps
-      const bf16_t* x[TT];
-      for (int t = 0; t < TT; ++t) x[t] = static_cast<const bf16_t*>(I) + int64_t(t0 + t) * K;
-      return f8_tile<R, TT, PF>(w, sw, x, kb0, kb1, c, ldc, nxt);
-    }
-    const float* x[TT];
-    for (int t = 0; t < TT; ++t) x[t] = static_cast<const float*>(I) + int64_t(t0 + t) * f8_ld(K);
-    f8_tile_f32<R, TT, PF>(w, sw, x, kb0, kb1, c, ldc, nxt);
+    const bool wide = f8_widen(M);   // one token (the conversion is what costs there), or no AMX: bf16
+    const void* x[TT];
+    for (int t = 0; t < TT; ++t)
+      x[t] = wide ? static_cast<const void*>(static_cast<const float*>(I) + (t0 + t) * f8_ld(K))
+                  : static_cast<const void*>(static_cast<const bf16_t*>(I) + int64_t(t0 + t) * K);
+    if (wide) return f8_tile<R, TT, PF, true>(w, sw, x, kb0, kb1, c, ldc, nxt);
+    f8_tile<R, TT, PF, false>(w, sw, x, kb0, kb1, c, ldc, nxt);
   }
   static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row / 128) * lds; }
 };
