@@ -192,8 +192,8 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const void
   for (int r = 0; r < R; ++r)
     #pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
-      acc[r][t] = _mm512_setzero_ps();
-      _mm512_store_ps(accm + (r * TT + t) * 16, acc[r][t]);
+      if constexpr (kWide) acc[r][t] = _mm512_setzero_ps();
+      else _mm512_store_ps(accm + (r * TT + t) * 16, _mm512_setzero_ps());
     }
   for (int k0 = kb0, bi = kb0 / 128; k0 < kb1; k0 += 128, ++bi) {
     const int k1 = k0 + 128 < kb1 ? k0 + 128 : kb1;
