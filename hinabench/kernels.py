@@ -384,28 +384,46 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, isa: str = "auto", threads: int 
     x [T, K] bf16 (rows contiguous, any row stride); w [N, K] bf16 as nn.Linear keeps it (rows
     contiguous along K, any row stride; read in place, never copied). N and K multiples of 32.
     Returns [T, N] bf16 (fp32 accumulation, one rounding)."""
+    return linear_group(x, [w], isa=isa, threads=threads)[0]
+
+
+def linear_group(x: torch.Tensor, ws, *, isa: str = "auto", threads: int | None = None) -> list[torch.Tensor]:
+    """[x W_1^T, x W_2^T, ...] in one call: several projections of the same x (an attention block's
+    q, k and v; a dense MLP's gate and up) share one pack of x and one task list, so the small ones
+    pay neither their own parallel region nor their own tail. Each W_i as `linear` takes it, in place;
+    the same K for all. Each result is what `linear(x, W_i)` returns, bit for bit."""
     isa = resolve_isa(isa)
-    if not (isinstance(w, torch.Tensor) and w.dim() == 2):
-        raise ValueError("w must be a [N, K] tensor")
-    N, K = (int(s) for s in w.shape)
-    if not (w.device.type == "cpu" and w.dtype == torch.bfloat16):
-        raise ValueError(f"w must be a bfloat16 CPU tensor (got {w.dtype} on {w.device})")
-    if not (w.stride(1) == 1 and (N <= 1 or w.stride(0) >= K)):
-        raise ValueError(f"w rows must be contiguous along K (stride {w.stride()}); the kernel reads "
-                         "weights in place and never copies them")
-    if not (N > 0 and K > 0 and N % SHAPE_MULTIPLE == 0 and K % SHAPE_MULTIPLE == 0):
-        raise ValueError(f"N={N} and K={K} must be positive multiples of {SHAPE_MULTIPLE} (no tail code)")
+    ws = list(ws)
+    if not ws:
+        raise ValueError("linear_group needs at least one weight matrix")
+    shapes = []
+    for w in ws:
+        if not (isinstance(w, torch.Tensor) and w.dim() == 2):
+            raise ValueError("w must be a [N, K] tensor")
+        N, K = (int(s) for s in w.shape)
+        if not (w.device.type == "cpu" and w.dtype == torch.bfloat16):
+            raise ValueError(f"w must be a bfloat16 CPU tensor (got {w.dtype} on {w.device})")
+        if not (w.stride(1) == 1 and (N <= 1 or w.stride(0) >= K)):
+            raise ValueError(f"w rows must be contiguous along K (stride {w.stride()}); the kernel reads "
+                             "weights in place and never copies them")
+        if not (N > 0 and K > 0 and N % SHAPE_MULTIPLE == 0 and K % SHAPE_MULTIPLE == 0):
+            raise ValueError(f"N={N} and K={K} must be positive multiples of {SHAPE_MULTIPLE} (no tail code)")
+        if shapes and K != shapes[0][1]:
+            raise ValueError(f"every matrix of a group must have the same K (got {shapes[0][1]} and {K})")
+        shapes.append((N, K))
+    K = shapes[0][1]
     T = _check_tokens(x, K, "K")
-    out = torch.empty(T, N, dtype=torch.bfloat16)
+    outs = [torch.empty(T, N, dtype=torch.bfloat16) for N, _ in shapes]
     if T == 0:
-        return out
+        return outs
     threads = torch.get_num_threads() if threads is None else int(threads)
     if threads < 1:
         raise ValueError(f"threads must be >= 1 (got {threads})")
     mod = _MODULES.get(isa) or _MODULES.setdefault(isa, _module(isa))
-    mod.linear(x=x.data_ptr(), T=T, K=K, ldx=x.stride(0) if T > 1 else K, w=w.data_ptr(), N=N,
-               ldw=w.stride(0) if N > 1 else K, out=out.data_ptr(), isa=isa, threads=threads)
-    return out
+    mod.linear(x=x.data_ptr(), T=T, K=K, ldx=x.stride(0) if T > 1 else K, w=[w.data_ptr() for w in ws],
+               N=[N for N, _ in shapes], ldw=[w.stride(0) if N > 1 else K for w, (N, _) in zip(ws, shapes)],
+               out=[o.data_ptr() for o in outs], isa=isa, threads=threads)
+    return outs
 
 
 def scratch_bytes(isa: str = "auto") -> int:

@@ -111,14 +111,15 @@ void register_moe(py::module_& m) {
         "Scratch bytes (packed I, activations, y rows) the last moe_ffn call used.");
   m.def(
       "linear",
-      [](uintptr_t x, int64_t T, int64_t K, int64_t ldx, uintptr_t w, int64_t N, int64_t ldw, uintptr_t out,
-         const std::string& isa, int threads) {
+      [](uintptr_t x, int64_t T, int64_t K, int64_t ldx, std::vector<uintptr_t> w, std::vector<int64_t> N,
+         std::vector<int64_t> ldw, std::vector<uintptr_t> out, const std::string& isa, int threads) {
+        if (w.size() != N.size() || w.size() != ldw.size() || w.size() != out.size())
+          throw std::invalid_argument("linear: w, N, ldw and out must have one entry per matrix");
         LinearCall c;
         c.x = reinterpret_cast<const bf16_t*>(x);
         c.T = T; c.K = K; c.ldx = ldx;
-        c.w = reinterpret_cast<const bf16_t*>(w);
-        c.N = N; c.ldw = ldw;
-        c.out = reinterpret_cast<bf16_t*>(out);
+        for (size_t i = 0; i < w.size(); ++i)
+          c.weights.push_back({reinterpret_cast<const bf16_t*>(w[i]), N[i], ldw[i], reinterpret_cast<bf16_t*>(out[i])});
         c.isa = isa;
         c.threads = threads;
         py::gil_scoped_release release;
@@ -126,8 +127,9 @@ void register_moe(py::module_& m) {
       },
       py::kw_only(), py::arg("x"), py::arg("T"), py::arg("K"), py::arg("ldx"), py::arg("w"), py::arg("N"),
       py::arg("ldw"), py::arg("out"), py::arg("isa"), py::arg("threads"),
-      "y = x W^T on raw buffers (validated by hinabench.kernels.linear), keywords only: x bf16 [T, K] "
-      "(row stride ldx), W bf16 [N, K] (row stride ldw), out bf16 [T, N] contiguous.");
+      "y_i = x W_i^T on raw buffers (validated by hinabench.kernels.linear / linear_group), keywords only: "
+      "x bf16 [T, K] (row stride ldx); per matrix i: W_i bf16 [N_i, K] (row stride ldw_i), out_i bf16 "
+      "[T, N_i] contiguous.");
 }
 
 // Decode / extend attention (ops/attention.h) on raw buffers; hinabench/kernels.py validates first.

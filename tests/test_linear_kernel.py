@@ -71,3 +71,37 @@ def test_bad_input_is_a_clear_error(bad, msg):
     w = torch.ones(64, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=msg):
         kernels.linear(*bad(x, w))
+
+
+@pytest.mark.parametrize("isa", PATHS)
+def test_a_group_is_each_projection_bit_for_bit(isa):
+    """linear_group (q, k, v on one x: one pack, one task list) returns exactly what separate linear
+    calls return, with a matrix on the piece path (row stride not a multiple of 2048) in the group."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 1024, generator=g).to(torch.bfloat16)
+    big = torch.randn(96, 1024 + 64, generator=g).to(torch.bfloat16)
+    ws = [torch.randn(n, 1024, generator=g).to(torch.bfloat16) for n in (256, 32, 64)] + [big[:, 64:]]
+    ys = kernels.linear_group(x, ws, isa=isa, threads=2)
+    for w, y in zip(ws, ys):
+        assert torch.equal(y, kernels.linear(x, w, isa=isa, threads=2)), isa
+        check(y, x.float() @ w.float().T, isa)
+
+
+@settings(max_examples=8, deadline=None)
+@given(Ns=st.lists(st.integers(1, 5), min_size=1, max_size=4), K=st.integers(1, 40), T=st.integers(1, 9),
+       seed=st.integers(0, 99))
+def test_random_groups(Ns, K, T, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, 32 * K, generator=g).to(torch.bfloat16)
+    ws = [torch.randn(32 * n, 32 * K, generator=g).to(torch.bfloat16) for n in Ns]
+    isa = "avx2" if "avx2" in PATHS else "scalar"
+    for w, y in zip(ws, kernels.linear_group(x, ws, isa=isa, threads=2)):
+        check(y, x.float() @ w.float().T, f"{isa} {[32 * n for n in Ns]}x{32 * K} T={T}")
+
+
+def test_a_group_with_differing_k_or_no_matrix_is_a_clear_error():
+    x = torch.ones(2, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="same K"):
+        kernels.linear_group(x, [torch.ones(32, 128, dtype=torch.bfloat16), torch.ones(32, 64, dtype=torch.bfloat16)])
+    with pytest.raises(ValueError, match="at least one"):
+        kernels.linear_group(x, [])

@@ -2,7 +2,7 @@
 
   hf            transformers eager, as shipped (its default experts implementation), in this process
   hina          the same model with dropin.py (the HiNa expert FFN through transformers' experts interface)
-  hina+l        hina plus the dense projections (q/k/v/o, LM head) on the HiNa linear kernel
+  hina+l        hina plus the dense projections (q/k/v/o, router, LM head) on the HiNa linear kernel
   hina+a        hina plus HiNa decode attention through transformers' attention interface (dropin_attention.py)
   vllm          vLLM-CPU on the same checkpoint, in the `vllm` environment (vllm_run.py)
   llamacpp:bf16, llamacpp:q8_0   a GGUF of the same weights (gguf_writer.py) through llama-cpp-python in
@@ -21,7 +21,7 @@ PEERS = {"vllm": ("vllm", "vllm_run.py"), "llamacpp:bf16": ("llamacpp", "llamacp
 DESCRIPTIONS = {
     "hf": "transformers eager (its default experts implementation), bf16",
     "hina": "transformers + the HiNa expert FFN via ExpertsInterface (hinabench/e2e/dropin.py), bf16",
-    "hina+l": "hina + the dense projections and LM head on the HiNa linear kernel (dropin_linear.py), bf16",
+    "hina+l": "hina + the dense projections, router and LM head on the HiNa linear kernel (dropin_linear.py), bf16",
     "hina+a": "hina + HiNa decode attention via transformers' AttentionInterface (dropin_attention.py), bf16",
     "vllm": "vLLM-CPU (bf16, eager, its own process and env)",
     "llamacpp:bf16": "llama.cpp via llama-cpp-python, GGUF BF16 of the same weights",

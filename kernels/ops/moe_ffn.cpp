@@ -404,50 +404,112 @@ void moe_ffn(const MoeCall& a) {
   }
 }
 
-void linear(const LinearCall& c) {
-  if (c.K % kShapeMultiple || c.N % kShapeMultiple || c.K <= 0 || c.N <= 0 || c.T <= 0)
-    throw std::invalid_argument("N and K must be positive multiples of 32, T positive");
-  if (c.K > (kMaxPieces - 2) * kPieceElems)
-    throw std::invalid_argument("K must be at most " + std::to_string((kMaxPieces - 2) * kPieceElems));
-  if (c.ldx < c.K || c.ldw < c.K) throw std::invalid_argument("row strides must be at least K");
-  const MicroKernel& mk = find_microkernel(c.isa, Dtype::bf16);
-  const int threads = std::max(1, c.threads);
+namespace {
+
+// One matrix whose rows differ in their piece cuts: the piece path with one node.
+void linear_pieces(const LinearCall& c, const LinearWeight& lw, const MicroKernel& mk, int threads) {
   // The FFN's down projection with one "expert" holding every token: W as w_down [1, N, K], the packed
   // x as its activation (pack_tokens and gate_up's store write the same layout), y [T, N] fp32.
   MoeCall a;
-  a.x = c.x; a.T = c.T; a.H = c.N; a.I = c.K; a.ldx = c.ldx;
-  a.w_down = c.w; a.down_es = 0; a.down_rs = c.ldw; a.E = 1; a.k = 1;
+  a.x = c.x; a.T = c.T; a.H = lw.N; a.I = c.K; a.ldx = c.ldx;
+  a.w_down = lw.w; a.down_es = 0; a.down_rs = lw.ldw; a.E = 1; a.k = 1;
   a.isa = c.isa; a.threads = threads;
-  Grouping g;
-  g.count = {0, int32_t(c.T)};
-  g.first = {0, int32_t(c.T)};
-  g.active = {0};
-  for (int64_t t = 0; t < c.T; ++t) g.row_token.push_back(int32_t(t));
-  const bool fused = fused_rows(mk, c.ldw);
-  PiecePath pieces(a, nullptr, false, !fused);
+  std::vector<int32_t> rows(c.T);
+  for (int64_t t = 0; t < c.T; ++t) rows[t] = int32_t(t);
+  PiecePath pieces(a, nullptr, false, true);
   const size_t bytes_I = align64(mk.packed_bytes(int(c.T), int(c.K)));
-  const size_t bytes_y = align64(size_t(c.T) * c.N * sizeof(float));
+  const size_t bytes_y = align64(size_t(c.T) * lw.N * sizeof(float));
   std::lock_guard<std::mutex> lock(g_scratch_mutex);
   char* base = g_scratch.get(bytes_I + bytes_y + align64(pieces.down_partial_bytes(int(c.T))));
   float* y = reinterpret_cast<float*>(base + bytes_I);
   const std::vector<ExpertSlot> slots{{0, int(c.T), base, base, y}};
   pieces.build(slots, {nullptr}, {reinterpret_cast<float*>(base + bytes_I + bytes_y)}, threads);
-  const int nb = block_rows(mk.blocking.task_rows, c.N, 1, threads);
-  const std::vector<Task> tasks = fused ? schedule_blocks(1, c.N, nb) : std::vector<Task>{};
   FirstError err;
-  const Phases p{a, mk, g, slots, y, err};
 #pragma omp parallel num_threads(threads)
   {
     PieceThread me(pieces, omp_get_thread_num(), omp_get_num_threads());
 #pragma omp single
-    err.guard([&] { mk.pack_tokens(c.x, c.ldx, g.row_token.data(), int(c.T), int(c.K), base); });
-    if (fused) down(p, tasks, nb);
-    else pieces.run_down(me, mk, err);
+    err.guard([&] { mk.pack_tokens(c.x, c.ldx, rows.data(), int(c.T), int(c.K), base); });
+    pieces.run_down(me, mk, err);
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < c.T * c.N; ++i) c.out[i] = f32_to_bf16(y[i]);
+    for (int64_t i = 0; i < c.T * lw.N; ++i) lw.out[i] = f32_to_bf16(y[i]);
   }
   err.rethrow();
   pieces.finish();
+}
+
+// The matrices whose rows share their cuts, together: one pack of x, then tasks (matrix, block of
+// output rows) over all of them, dynamically scheduled, then the roundings.
+void linear_fused(const LinearCall& c, const std::vector<LinearWeight>& ws, const MicroKernel& mk,
+                  int threads) {
+  const size_t bytes_I = align64(mk.packed_bytes(int(c.T), int(c.K)));
+  std::vector<size_t> off_y;
+  size_t bytes = bytes_I;
+  int64_t rows_all = 0;
+  for (const LinearWeight& lw : ws) {
+    off_y.push_back(bytes);
+    bytes += align64(size_t(c.T) * lw.N * sizeof(float));
+    rows_all += lw.N;
+  }
+  std::vector<int32_t> rows(c.T);
+  for (int64_t t = 0; t < c.T; ++t) rows[t] = int32_t(t);
+  const int nb = block_rows(mk.blocking.task_rows, rows_all, 1, threads);
+  std::vector<Task> tasks;
+  for (size_t i = 0; i < ws.size(); ++i)
+    for (int32_t n0 = 0; n0 < ws[i].N; n0 += nb) tasks.push_back({int32_t(i), n0});
+  std::lock_guard<std::mutex> lock(g_scratch_mutex);
+  char* base = g_scratch.get(bytes);
+  FirstError err;
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp single
+    err.guard([&] { mk.pack_tokens(c.x, c.ldx, rows.data(), int(c.T), int(c.K), base); });
+#pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < tasks.size(); ++i)
+      err.guard([&] {
+        const LinearWeight& lw = ws[tasks[i].slot];
+        DownTask t;
+        t.w_down = lw.w + tasks[i].n0 * lw.ldw;
+        t.ldw = lw.ldw;
+        t.n0 = tasks[i].n0;
+        t.n = int(std::min<int64_t>(nb, lw.N - t.n0));
+        t.K = int(c.K);
+        t.M = int(c.T);
+        t.act = base;
+        t.y = reinterpret_cast<float*>(base + off_y[tasks[i].slot]);
+        t.ldy = lw.N;
+        mk.down(t);
+      });
+    for (size_t w = 0; w < ws.size(); ++w) {
+      const float* y = reinterpret_cast<const float*>(base + off_y[w]);
+      bf16_t* out = ws[w].out;
+#pragma omp for schedule(static) nowait
+      for (int64_t i = 0; i < c.T * ws[w].N; ++i) out[i] = f32_to_bf16(y[i]);
+    }
+  }
+  err.rethrow();
+}
+
+}  // namespace
+
+void linear(const LinearCall& c) {
+  if (c.K % kShapeMultiple || c.K <= 0 || c.T <= 0)
+    throw std::invalid_argument("K must be a positive multiple of 32, T positive");
+  if (c.K > (kMaxPieces - 2) * kPieceElems)
+    throw std::invalid_argument("K must be at most " + std::to_string((kMaxPieces - 2) * kPieceElems));
+  if (c.weights.empty()) throw std::invalid_argument("linear needs at least one weight matrix");
+  if (c.ldx < c.K) throw std::invalid_argument("row strides must be at least K");
+  for (const LinearWeight& lw : c.weights) {
+    if (lw.N % kShapeMultiple || lw.N <= 0) throw std::invalid_argument("N must be a positive multiple of 32");
+    if (lw.ldw < c.K) throw std::invalid_argument("row strides must be at least K");
+  }
+  const MicroKernel& mk = find_microkernel(c.isa, Dtype::bf16);
+  const int threads = std::max(1, c.threads);
+  std::vector<LinearWeight> fused;
+  for (const LinearWeight& lw : c.weights)
+    if (fused_rows(mk, lw.ldw)) fused.push_back(lw);
+    else linear_pieces(c, lw, mk, threads);
+  if (!fused.empty()) linear_fused(c, fused, mk, threads);
 }
 
 std::vector<std::string> moe_isas() {

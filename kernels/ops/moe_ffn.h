@@ -70,15 +70,21 @@ struct MoeCall {
 // raised (the tile emulator's #GP/#UD faults). Calls are serialised (one shared scratch).
 void moe_ffn(const MoeCall& call);
 
-// A dense projection, y = x W^T, on the same micro-kernels: the driver's single-matrix case (phase 2
-// on x, phase 4 on W [N, K] in nn.Linear's layout, read in place; rows whose piece cuts differ take
-// the piece path with one node, in the canonical summation order), then one rounding to bf16.
-struct LinearCall {
-  const bf16_t* x = nullptr;  // [T, K] bf16, rows contiguous, row stride ldx
-  int64_t T = 0, K = 0, ldx = 0;
+// Dense projections, y_i = x W_i^T, on the same micro-kernels: the driver's single-matrix case (phase 2
+// on x, once for every W_i; phase 4 on each W_i [N_i, K] in nn.Linear's layout, read in place), then
+// one rounding to bf16. Several matrices on the same x (an attention block's q, k and v) share one
+// token pack and one task list, so the small ones do not each pay a parallel region and a tail.
+// Matrices whose rows do not all share their piece cuts take the piece path with one node, one at a
+// time, in the canonical summation order.
+struct LinearWeight {
   const bf16_t* w = nullptr;  // [N, K] bf16, rows contiguous along K, row stride ldw
   int64_t N = 0, ldw = 0;
   bf16_t* out = nullptr;      // [T, N] bf16, contiguous
+};
+struct LinearCall {
+  const bf16_t* x = nullptr;  // [T, K] bf16, rows contiguous, row stride ldx
+  int64_t T = 0, K = 0, ldx = 0;
+  std::vector<LinearWeight> weights;
   std::string isa;
   int threads = 1;
 };
