@@ -48,6 +48,13 @@ def test_onednn_and_peers_comparisons():
     assert v[(32, "peers")].verdict == "fail" and "tie within MAD" in v[(32, "peers")].got
 
 
+def test_zentorch_is_a_peer():
+    # AMD's ZenDNN extension reads the same bf16 weights: on Zen 4 it is the peer to beat
+    v = verdicts([row("hina:avx512", 1, 15.0, eff=0.95, mad=0.1), row("vllm:vec", 1, 16.0, mad=0.1),
+                  row("zentorch:bf16", 1, 12.0, mad=0.1)])
+    assert v[(1, "peers")].verdict == "fail" and "zentorch:bf16" in v[(1, "peers")].got
+
+
 def test_missing_comparisons_are_na_never_pass():
     rows = [row("hina:avx512", 1, 44, eff=0.9),
             row("onednn:prepacked", 1, None, status="unsupported", reason="no bf16 here"),

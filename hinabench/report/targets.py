@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from ..harness.points import row_key
 from .render import View
 
-PEER_FAMILIES = ("vllm", "kt", "ipex", "llamacpp")
+# every peer family the harness runs in its own environment (zentorch: AMD's ZenDNN extension, the
+# fastest BF16 peer on Zen 4); torch and onednn are the framework baselines, judged on their own
+PEER_FAMILIES = ("vllm", "kt", "ipex", "llamacpp", "zentorch")
 
 
 @dataclass
