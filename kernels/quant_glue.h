@@ -42,7 +42,12 @@ inline size_t a64(size_t n) { return (n + 63) & ~size_t(63); }
 //                streamed from DRAM): AVX-512 VNNI 1.91 -> 1.65 ms, AVX2 int8 2.02 -> 1.73, AVX2 fp8
 //                2.33 -> 1.81 (64-row tasks). The AVX2 kernels keep it off: their blocking was chosen on
 //                Zen 3, where this was not measured.
-// More tokens: rows[0] rows x kTokTile tokens per tile, K in blocks of 1024, no prefetch.
+// More tokens: rows[0] rows x kTokTile tokens per tile, no prefetch; K whole while M x K <= kWholeK (the
+// tokens' int8 or bf16 slice in L2), else in blocks of 1024. K in blocks of 1024 at M = 8 cut every W row
+// into 1 KiB pieces visited in turn across all of a task's rows (a 1 KiB read per row and pass, the
+// prefetchers never running ahead): on Zen 4 (2026-12-02, 2 threads, Mixtral-8x7B int8) T = 8 took
+// 44 ms where T = 4 took 18.7.
+constexpr int64_t kWholeK = 256 * 1024;
 struct QBlocking {
   int rows[kTokTile + 1];
   int prefetch[kTokTile + 1];
@@ -233,7 +238,13 @@ void mm(const int8_t* const* rows, const float* const* srows, int n, const void*
     case 2: return rows_tokens<Kn, B.rows[2], B.prefetch[2]>(rows, srows, n, I, M, K, group, K, c);
     case 3: return rows_tokens<Kn, B.rows[3], B.prefetch[3]>(rows, srows, n, I, M, K, group, K, c);
     case 4: return rows_tokens<Kn, B.rows[4], B.prefetch[4]>(rows, srows, n, I, M, K, group, K, c);
-    default: return rows_tokens<Kn, B.rows[0], 0>(rows, srows, n, I, M, K, group, 1024, c);
+    default: {
+      // K whole while the tokens' slice stays in L2 (M x K <= kWholeK elements): each W row is then one
+      // contiguous stream and its tile is re-read from L1/L2 by the next token tiles; more tokens: K in
+      // blocks of 1024, the tokens' slice of a block in L1/L2.
+      const int kb = int64_t(M) * K <= kWholeK ? K : 1024;
+      return rows_tokens<Kn, B.rows[0], 0>(rows, srows, n, I, M, K, group, kb, c);
+    }
   }
 }
 
