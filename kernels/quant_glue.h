@@ -46,7 +46,9 @@ inline size_t a64(size_t n) { return (n + 63) & ~size_t(63); }
 // tokens' int8 or bf16 slice in L2), else in blocks of 1024. K in blocks of 1024 at M = 8 cut every W row
 // into 1 KiB pieces visited in turn across all of a task's rows (a 1 KiB read per row and pass, the
 // prefetchers never running ahead): on Zen 4 (2026-12-02, 2 threads, Mixtral-8x7B int8) T = 8 took
-// 44 ms where T = 4 took 18.7.
+// 44 ms where T = 4 took 18.7. Tried and not kept: the first token tile of each row tile prefetching the
+// next row tile into L2 (as the decode tiles do): beside vllm:int8 in one run each, hina's time over
+// vLLM's at T = 8 / 16 went 1.64 / 2.03x -> 1.78 / 2.42x (Mixtral) and 1.74 / 2.03x -> 2.11 / 3.0x (Qwen3).
 constexpr int64_t kWholeK = 256 * 1024;
 struct QBlocking {
   int rows[kTokTile + 1];
