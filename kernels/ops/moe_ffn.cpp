@@ -407,15 +407,14 @@ void moe_ffn(const MoeCall& a) {
 namespace {
 
 // One matrix whose rows differ in their piece cuts: the piece path with one node.
-void linear_pieces(const LinearCall& c, const LinearWeight& lw, const MicroKernel& mk, int threads) {
+void linear_pieces(const LinearCall& c, const LinearWeight& lw, const std::vector<int32_t>& rows,
+                   const MicroKernel& mk, int threads) {
   // The FFN's down projection with one "expert" holding every token: W as w_down [1, N, K], the packed
   // x as its activation (pack_tokens and gate_up's store write the same layout), y [T, N] fp32.
   MoeCall a;
   a.x = c.x; a.T = c.T; a.H = lw.N; a.I = c.K; a.ldx = c.ldx;
   a.w_down = lw.w; a.down_es = 0; a.down_rs = lw.ldw; a.E = 1; a.k = 1;
   a.isa = c.isa; a.threads = threads;
-  std::vector<int32_t> rows(c.T);
-  for (int64_t t = 0; t < c.T; ++t) rows[t] = int32_t(t);
   PiecePath pieces(a, nullptr, false, true);
   const size_t bytes_I = align64(mk.packed_bytes(int(c.T), int(c.K)));
   const size_t bytes_y = align64(size_t(c.T) * lw.N * sizeof(float));
@@ -440,8 +439,8 @@ void linear_pieces(const LinearCall& c, const LinearWeight& lw, const MicroKerne
 
 // The matrices whose rows share their cuts, together: one pack of x, then tasks (matrix, block of
 // output rows) over all of them, dynamically scheduled, then the roundings.
-void linear_fused(const LinearCall& c, const std::vector<LinearWeight>& ws, const MicroKernel& mk,
-                  int threads) {
+void linear_fused(const LinearCall& c, const std::vector<LinearWeight>& ws, const std::vector<int32_t>& rows,
+                  const MicroKernel& mk, int threads) {
   const size_t bytes_I = align64(mk.packed_bytes(int(c.T), int(c.K)));
   std::vector<size_t> off_y;
   size_t bytes = bytes_I;
@@ -451,8 +450,6 @@ void linear_fused(const LinearCall& c, const std::vector<LinearWeight>& ws, cons
     bytes += align64(size_t(c.T) * lw.N * sizeof(float));
     rows_all += lw.N;
   }
-  std::vector<int32_t> rows(c.T);
-  for (int64_t t = 0; t < c.T; ++t) rows[t] = int32_t(t);
   const int nb = block_rows(mk.blocking.task_rows, rows_all, 1, threads);
   std::vector<Task> tasks;
   for (size_t i = 0; i < ws.size(); ++i)
@@ -513,11 +510,13 @@ void linear(const LinearCall& c) {
   const bool one_token_on_avx512 = c.isa == "amx" && c.T == 1;
   const MicroKernel& mk = find_microkernel(one_token_on_avx512 ? std::string("avx512") : c.isa, Dtype::bf16);
   const int threads = std::max(1, c.threads);
+  std::vector<int32_t> rows(c.T);  // every token, in order: the rows transformation 1 packs
+  for (int64_t t = 0; t < c.T; ++t) rows[t] = int32_t(t);
   std::vector<LinearWeight> fused;
   for (const LinearWeight& lw : c.weights)
     if (fused_rows(mk, lw.ldw)) fused.push_back(lw);
-    else linear_pieces(c, lw, mk, threads);
-  if (!fused.empty()) linear_fused(c, fused, mk, threads);
+    else linear_pieces(c, lw, rows, mk, threads);
+  if (!fused.empty()) linear_fused(c, fused, rows, mk, threads);
 }
 
 std::vector<std::string> moe_isas() {
