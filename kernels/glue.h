@@ -20,7 +20,8 @@
 //                     kChunk        K elements per chunk
 //                     kBlocking     the Blocking (microkernel.h) of glue's loop nest
 //                     zero(), load_x(const Elem*), load_w(const bf16_t*), fma(Acc, W, X) -> Acc,
-//                     hsum(Acc) -> float, packed_bytes, pack_tokens; prefetch(const bf16_t*)
+//                     hsum(Acc) -> float (optional: hsum16 and store16, 16 sums at once, the
+//                     same bits), packed_bytes, pack_tokens; prefetch(const bf16_t*)
 //                     (into L1) and prefetch_l2 where kBlocking's prefetch fields ask for them
 #pragma once
 #include <cstdlib>
@@ -63,6 +64,13 @@ inline void store_y(float* y, int64_t ldy, int n0, int n, int M, const float* c,
 }
 
 // ---- the dot-product form (AVX2, AVX-512) --------------------------------------------------------
+// Kn::hsum16(const Acc (&)[16]) -> 16 horizontal sums in one vector (Kn::store16 writes it out), where
+// a kernel has it: the same bits as 16 calls of Kn::hsum, fewer instructions.
+template <class Kn, class = void> struct HasHsum16 { static constexpr bool value = false; };
+template <class Kn>
+struct HasHsum16<Kn, decltype(void(Kn::hsum16(*static_cast<const typename Kn::Acc (*)[16]>(nullptr))))> {
+  static constexpr bool value = true;
+};
 // The register tile: C[r * ldc + t] += sum_{k0 <= k < k1} W_r[k] * I_t[k]   for r < R, t < TT,
 // [k0, k1) a piece or a sub-block of one. The accumulators start at zero on the piece's first
 // sub-block (`first`), else are loaded from buf (R x TT vectors, row-major); at the piece's last
@@ -91,6 +99,22 @@ inline void acc_tile(const bf16_t* const* w, const typename Kn::Elem* const* in,
       const typename Kn::W wv = Kn::load_w(w[r] + k);
       #pragma GCC unroll 16
       for (int t = 0; t < TT; ++t) acc[r][t] = Kn::fma(acc[r][t], wv, x[t]);
+    }
+  }
+  if constexpr (HasHsum16<Kn>::value && R * TT >= 4) {
+    if (last) {  // 16 horizontal sums at a time, the same bits as Kn::hsum's
+      constexpr int N = R * TT;
+      #pragma GCC unroll 4
+      for (int g = 0; g < N; g += 16) {
+        typename Kn::Acc v[16];
+        #pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) v[i] = g + i < N ? acc[(g + i) / TT][(g + i) % TT] : Kn::zero();
+        alignas(64) float s[16];
+        Kn::store16(s, Kn::hsum16(v));
+        #pragma GCC unroll 16
+        for (int i = 0; i < 16 && g + i < N; ++i) c[((g + i) / TT) * ldc + (g + i) % TT] += s[i];
+      }
+      return;
     }
   }
   #pragma GCC unroll 16
