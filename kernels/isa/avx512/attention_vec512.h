@@ -12,16 +12,40 @@
 namespace hina {
 namespace vec512 {
 
+// The horizontal sum of 16 lanes, a halving tree: [j] + [j + 8], then [j] + [j + 4], [j] + [j + 2],
+// [j] + [j + 1]; the same instructions native and under SIMDe, so both builds give the same bits.
 inline float hsum16(__m512 v) {
-#if defined(HINA_EMU_AVX512)   // SIMDe has no _mm512_reduce_add_ps
-  alignas(64) float f[16];
-  _mm512_storeu_ps(f, v);
-  float s = 0.f;
-  for (int i = 0; i < 16; ++i) s += f[i];
-  return s;
-#else
-  return _mm512_reduce_add_ps(v);
-#endif
+  const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(v),
+                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+}
+
+// Lane i of the result = hsum16(v[i]), to the bit (IEEE addition is commutative, and each level adds
+// the same two partials as the tree above), in ~2 instructions per sum instead of ~8. The levels work
+// on pairs of vectors; the inputs are taken in the order u[4e + l] = v[4l + e], which the levels'
+// interleaving turns back into lane order.
+__attribute__((always_inline)) inline __m512 hsum16x16(const __m512 (&v)[16]) {
+  __m512 h8[8], h4[4], h2[2];
+  #pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {  // [j] + [j + 8]: two inputs per vector (256-bit halves)
+    const int a = 2 * i, b = 2 * i + 1;
+    const __m512 x = v[4 * (a % 4) + a / 4], y = v[4 * (b % 4) + b / 4];
+    h8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+  }
+  #pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)  // [j] + [j + 4]: four inputs per vector (128-bit lanes)
+    h4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h8[2 * i], h8[2 * i + 1], 0x88),
+                          _mm512_shuffle_f32x4(h8[2 * i], h8[2 * i + 1], 0xDD));
+  #pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i) {  // [j] + [j + 2]
+    const __m512d x = _mm512_castps_pd(h4[2 * i]), y = _mm512_castps_pd(h4[2 * i + 1]);
+    h2[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                          _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  return _mm512_add_ps(_mm512_shuffle_ps(h2[0], h2[1], 0x88),  // [j] + [j + 1]
+                       _mm512_shuffle_ps(h2[0], h2[1], 0xDD));
 }
 
 // 2^x: round to nearest, degree-6 polynomial on [-1/2, 1/2] (rel. error ~1e-7); x below -126 (and a

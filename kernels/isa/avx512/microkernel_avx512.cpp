@@ -33,6 +33,7 @@
 #endif
 
 #include "glue.h"
+#include "isa/avx512/attention_vec512.h"  // vec512::hsum16, hsum16x16
 
 namespace hina {
 namespace {  // internal linkage: see glue.h, LINKAGE
@@ -70,39 +71,9 @@ struct Avx512 {
   static void prefetch_l2(const bf16_t* p) { __builtin_prefetch(p, 0, 2); }   // into L2 (prefetcht1)
   static W load_w(const bf16_t* p) { return load_bh(p); }
   static Acc fma(Acc acc, const W& w, const X& x) { return _mm512_dpbf16_ps(acc, w, x); }
-  // The horizontal sum, a halving tree: lanes [j] + [j + 8], then [j] + [j + 4], [j] + [j + 2],
-  // [j] + [j + 1]. hsum16 gives 16 of them at once, to the bit the same sums (IEEE addition is
-  // commutative; each level adds the same two partials), in ~2 ops per sum instead of ~8.
-  static float hsum(Acc v) {
-    const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(v),
-                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-    const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
-  }
-  // Lane i of the result = hsum(v[i]). The levels work on pairs of vectors; the inputs are taken in
-  // the order u[4e + l] = v[4l + e], which the levels' interleaving turns back into lane order.
-  static __attribute__((always_inline)) __m512 hsum16(const Acc (&v)[16]) {
-    Acc h8[8], h4[4], h2[2];
-    #pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {  // level 1: [j] + [j + 8], two inputs per vector (halves)
-      const int a = 2 * i, b = 2 * i + 1;
-      const Acc x = v[4 * (a % 4) + a / 4], y = v[4 * (b % 4) + b / 4];
-      h8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
-    }
-    #pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i)  // level 2: [j] + [j + 4], four inputs per vector (128-bit lanes)
-      h4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h8[2 * i], h8[2 * i + 1], 0x88),
-                            _mm512_shuffle_f32x4(h8[2 * i], h8[2 * i + 1], 0xDD));
-    #pragma GCC unroll 2
-    for (int i = 0; i < 2; ++i) {  // level 3: [j] + [j + 2]
-      const __m512d x = _mm512_castps_pd(h4[2 * i]), y = _mm512_castps_pd(h4[2 * i + 1]);
-      h2[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                            _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    return _mm512_add_ps(_mm512_shuffle_ps(h2[0], h2[1], 0x88),  // level 4: [j] + [j + 1]
-                         _mm512_shuffle_ps(h2[0], h2[1], 0xDD));
-  }
+  // Horizontal sums: attention_vec512.h's halving tree, 16 at once at a tile's end (the same bits).
+  static float hsum(Acc v) { return vec512::hsum16(v); }
+  static __attribute__((always_inline)) __m512 hsum16(const Acc (&v)[16]) { return vec512::hsum16x16(v); }
   static void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 
   static size_t packed_bytes(int M, int K) { return size_t(M) * K * sizeof(bf16_t); }
