@@ -84,7 +84,7 @@ SUITES: dict[str, SuiteSpec] = {
     "e2e": SuiteSpec(
         kind="e2e", prior_s=(2400.0, 300.0),
         full=dict(models=["qwen3-30b-a3b"], layers=[2, 4], prompt=128, gen=32, batches=[1, 4],
-                  engines=["hina", "hf", "hina+l", "vllm", "llamacpp", "hina+a", "ipex", "kt"],
+                  engines=["hina", "hf", "hina+l", "vllm", "llamacpp", "hina+a", "hina+l+a", "ipex", "kt"],
                   prefill=[512, 1024], prefill_engines=["hina", "hina+l"], rounds=2),
         quick=dict(models=["qwen3-30b-a3b"], layers=[1, 2], prompt=32, gen=8, batches=[1],
                    engines=["hina", "hf"], prefill=[128], prefill_engines=["hina"], rounds=1)),

@@ -133,6 +133,22 @@ def test_attention_dropin_decodes_on_hina_and_prefills_on_sdpa(name):
     assert M.set_engine(m, "hf", "eager", "sdpa") == "experts=eager attn=sdpa"   # and back
 
 
+@pytest.mark.parametrize("name", list(TINY))
+def test_every_dropin_at_once(name):
+    """hina+l+a: the experts, the dense projections and decode attention all on the HiNa kernels, validated
+    as each alone is; and back to transformers' own, linear included."""
+    from hinabench.e2e import measure as M
+    ck = C.checkpoint(name, 2)
+    ref = M.reference(ck, [C.prompt_ids(ck.config["vocab_size"], 1, 12, 1)], 8 << 30, echo=lambda *_: None)
+    m = M.load(ck.path)
+    assert M.set_engine(m, "hina+l+a", "eager", "sdpa") == "experts=hina attn=hina linear=hina"
+    assert all("forward" in lin.__dict__ for lin in m.modules() if isinstance(lin, torch.nn.Linear))
+    v = M.validate(m, ref)
+    assert v["ok"] and v["rel_err"] < 0.03, v
+    assert M.set_engine(m, "hf", "eager", "sdpa") == "experts=eager attn=sdpa"
+    assert not any("forward" in lin.__dict__ for lin in m.modules() if isinstance(lin, torch.nn.Linear))
+
+
 def test_show_patch_prints_the_dropin_and_its_line_count():
     r = invoke("e2e", "--show-patch")
     assert r.exit_code == 0, r.output

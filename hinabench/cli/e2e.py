@@ -15,7 +15,7 @@ from . import command_line, ints, names
 @click.option("--gen", default=128, show_default=True, type=click.IntRange(2, 65536), help="Generated tokens per sequence.")
 @click.option("--batch", default="1", show_default=True, help="Batch sizes (sequences), comma-separated.")
 @click.option("--engines", default="hina,hf", show_default=True,
-              help="Engines, comma-separated: hina, hf, hina+a, vllm, llamacpp (bf16 and q8_0), ipex, kt, or all.")
+              help="Engines, comma-separated: hina, hf, hina+l, hina+a, hina+l+a, vllm, llamacpp (bf16 and q8_0), ipex, kt, or all.")
 @click.option("--prefill", default=None,
               help="Table 4: prompt lengths timed as prefill at batch 1, comma-separated (e.g. 512,1024,2048).")
 @click.option("--prefill-engines", default="hina,hf", show_default=True, help="Engines timed for --prefill.")

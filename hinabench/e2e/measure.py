@@ -58,19 +58,20 @@ def load(path: Path, dtype=torch.bfloat16, experts: str | None = None):
 def set_engine(model, engine: str, default_impl: str, default_attn: str = "sdpa") -> str:
     """Put the model in `engine`'s configuration; returns what runs: "experts=... attn=...[ linear=hina]"."""
     from . import dropin_linear
-    if engine in ("hina", "hina+l", "hina+a"):
+    from .engines import HINA, WITH_ATTENTION, WITH_LINEAR
+    if engine in HINA:
         from . import dropin
         dropin.use_hina(model)
     else:
         model.set_experts_implementation(default_impl)
-    if engine == "hina+a":
+    if engine in WITH_ATTENTION:
         from . import dropin_attention
         dropin_attention.use_hina_attention(model)
     elif model.config._attn_implementation != default_attn:
         model.set_attn_implementation(default_attn)
-    dropin_linear.use_hina_linear(model, on=engine == "hina+l")
+    dropin_linear.use_hina_linear(model, on=engine in WITH_LINEAR)
     return (f"experts={model.config._experts_implementation} attn={model.config._attn_implementation}"
-            + (" linear=hina" if engine == "hina+l" else ""))
+            + (" linear=hina" if engine in WITH_LINEAR else ""))
 
 
 # ---- validation --------------------------------------------------------------------------------------
