@@ -8,6 +8,10 @@
 // plain gather of bf16 rows, and transformation 2 rounds SiLU(gate)*up to bf16 into the same
 // row-major [M, I] layout.
 //
+// Tasks of 256 output rows (64 before): on Zen 4 (2026-12-02, built variants timed alternately in one
+// process, 2 threads, weights from DRAM) Qwen3-30B-A3B T = 1 / 2 / 4 0.91-0.96 / 0.95-0.99 / 0.93-0.96x
+// of the time with 64, Mixtral-8x7B and DeepSeek-V3 0.97-1.03x (noise), the linear kernel's q/k/v and o
+// at T = 1 0.99-1.02x.
 // Blocking: R W rows x TT tokens of zmm accumulators.
 //   M <= 4: every W row streamed from memory once, R = 8 (M <= 2) or 4 rows at a time.
 //   M > 4: 4 rows x 4 tokens (16 accumulators), K in canonical pieces (<= 2048, pieces.h: a 16 KiB
@@ -53,7 +57,7 @@ struct Avx512 {
   // 1.14 / 1.23 / 1.36x -> 1.00 / 1.04 / 0.97x of its time, Mixtral 1.02 / 1.13 / 1.04x -> 1.02 /
   // 1.02 / 0.93x (3.12 / 3.41 / 3.79 and 27.6 / 26.7 / 30.2 ms).
   static constexpr Blocking kBlocking{
-      /*task_rows=*/64, /*decode_max_m=*/4, /*decode_rows=*/{0, 8, 8, 4, 4},
+      /*task_rows=*/256, /*decode_max_m=*/4, /*decode_rows=*/{0, 8, 8, 4, 4},
       /*mr=*/4, /*nr=*/4, /*k_group=*/0, /*k_sub=*/0,
       /*mb_max=*/32, /*mb_min=*/32, /*mb_l2_bytes=*/0,
       /*token_blocks_outer=*/true, /*prefetch_next=*/false, /*decode_prefetch=*/{0, 0, 2, 2, 2},
