@@ -12,6 +12,10 @@
 // process, 2 threads, weights from DRAM) Qwen3-30B-A3B T = 1 / 2 / 4 0.91-0.96 / 0.95-0.99 / 0.93-0.96x
 // of the time with 64, Mixtral-8x7B and DeepSeek-V3 0.97-1.03x (noise), the linear kernel's q/k/v and o
 // at T = 1 0.99-1.02x.
+// One token (same machine and method): 4-row tiles with the next tile prefetched into L2 for rows of
+// more than 2048 elements (were 8 rows, no prefetch), 8-row tiles for the short rows (were 4):
+// Qwen3-30B-A3B 0.95-0.99x of the time, Mixtral-8x7B 0.97-0.98x, DeepSeek-V3 0.94-0.96x, two runs
+// with the order of the builds swapped; the linear kernel's q/k/v, o 0.98-0.99x.
 // Blocking: R W rows x TT tokens of zmm accumulators.
 //   M <= 4: every W row streamed from memory once, R = 8 (M <= 2) or 4 rows at a time.
 //   M > 4: 4 rows x 4 tokens (16 accumulators), K in canonical pieces (<= 2048, pieces.h: a 16 KiB
@@ -49,19 +53,20 @@ struct Avx512 {
   using W = __m512bh;                // 32 bf16 of a W row
   static constexpr int kChunk = 32;  // bf16 per zmm load
 
-  // Blocking (see the header): decode M = 1, 2: 8 rows, M = 3, 4: 4 rows; M > 4: 4 x 4 tiles, one
-  // piece at a time, token blocks of 32 outside the pieces, no sub-blocks, no prefetch. The decode
-  // tiles take the AVX2 kernel's measured tuning (gate/up interleaved, the next tile prefetched into L2
+  // Blocking (see the header): tasks of 256 rows; decode M = 1: 4 rows (rows of <= 2048 elements: 8),
+  // M = 2: 8 rows, M = 3, 4: 4 rows, the next tile prefetched into L2; M > 4: 4 x 4 tiles, one piece
+  // at a time, token blocks of 32 outside the pieces, no sub-blocks, no prefetch. The decode tiles
+  // first took the AVX2 kernel's measured tuning (gate/up interleaved, the next tile prefetched into L2
   // from M = 2, one-token rows of at most 2048 elements 4 to a tile): on a 2-vCPU Sapphire Rapids
   // (2026-12-01, against hina:avx2 in the same run, before -> after) Qwen3-30B-A3B T = 1 / 2 / 4
   // 1.14 / 1.23 / 1.36x -> 1.00 / 1.04 / 0.97x of its time, Mixtral 1.02 / 1.13 / 1.04x -> 1.02 /
   // 1.02 / 0.93x (3.12 / 3.41 / 3.79 and 27.6 / 26.7 / 30.2 ms).
   static constexpr Blocking kBlocking{
-      /*task_rows=*/256, /*decode_max_m=*/4, /*decode_rows=*/{0, 8, 8, 4, 4},
+      /*task_rows=*/256, /*decode_max_m=*/4, /*decode_rows=*/{0, 4, 8, 4, 4},
       /*mr=*/4, /*nr=*/4, /*k_group=*/0, /*k_sub=*/0,
       /*mb_max=*/32, /*mb_min=*/32, /*mb_l2_bytes=*/0,
-      /*token_blocks_outer=*/true, /*prefetch_next=*/false, /*decode_prefetch=*/{0, 0, 2, 2, 2},
-      /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/4,
+      /*token_blocks_outer=*/true, /*prefetch_next=*/false, /*decode_prefetch=*/{0, 2, 2, 2, 2},
+      /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/8,
       /*decode_short_prefetch=*/2};
 
   static __m512bh load_bh(const bf16_t* p) {
