@@ -67,6 +67,9 @@ inline void store_y(float* y, int64_t ldy, int n0, int n, int M, const float* c,
 // Kn::hsum16(const Acc (&)[16]) -> 16 horizontal sums in one vector (Kn::store16 writes it out), where
 // a kernel has it: the same bits as 16 calls of Kn::hsum, fewer instructions.
 template <class Kn, class = void> struct HasHsum16 { static constexpr bool value = false; };
+// Kn::ld(K): the row stride of the packed I and activation, where a kernel pads it (else K).
+template <class Kn, class = void> struct ILd { static int64_t of(int K) { return K; } };
+template <class Kn> struct ILd<Kn, decltype(void(Kn::ld(0)))> { static int64_t of(int K) { return Kn::ld(K); } };
 template <class Kn>
 struct HasHsum16<Kn, decltype(void(Kn::hsum16(*static_cast<const typename Kn::Acc (*)[16]>(nullptr))))> {
   static constexpr bool value = true;
@@ -204,7 +207,7 @@ void mm_rows(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int 
   for (int64_t i = 0; i < int64_t(nrows) * o.row_ld; ++i) o.c[i] = 0.f;
   const Elem* in[B.mb_max];
   if (M <= B.decode_max_m) {
-    for (int t = 0; t < M; ++t) in[t] = I + int64_t(t) * K;
+    for (int t = 0; t < M; ++t) in[t] = I + int64_t(t) * ILd<Kn>::of(K);
     decode<Kn>(w, nrows, in, M, pc, np, o);
     return;
   }
@@ -223,7 +226,7 @@ void mm_rows(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int 
   auto block = [&](int g0, int g1, int m0) {
     const int gk0 = pc[2 * g0], gk1 = pc[2 * g1 - 1];
     const int mc = imin(mb, M - m0);
-    for (int t = 0; t < mc; ++t) in[t] = I + int64_t(m0 + t) * K;
+    for (int t = 0; t < mc; ++t) in[t] = I + int64_t(m0 + t) * ILd<Kn>::of(K);
     for (int r = 0; r < nrows; r += MR) {
       const int rn = imin(MR, nrows - r);
       if (rn < MR) {

@@ -16,6 +16,9 @@
 // more than 2048 elements (were 8 rows, no prefetch), 8-row tiles for the short rows (were 4):
 // Qwen3-30B-A3B 0.95-0.99x of the time, Mixtral-8x7B 0.97-0.98x, DeepSeek-V3 0.94-0.96x, two runs
 // with the order of the builds swapped; the linear kernel's q/k/v, o 0.98-0.99x.
+// The packed token rows 64 bytes longer than K (ld): T = 16..256, same method, two runs, 0.92-1.04x of
+// the time (mostly under 1). Tried beside it and not kept: K sub-blocks of 512 with the accumulators
+// carried (1.07-1.23x: the inner loop is not short of L1, and the carry costs).
 // Blocking: R W rows x TT tokens of zmm accumulators.
 //   M <= 4: every W row streamed from memory once, R = 8 (M <= 2) or 4 rows at a time.
 //   M > 4: 4 rows x 4 tokens (16 accumulators), K in canonical pieces (<= 2048, pieces.h: a 16 KiB
@@ -85,19 +88,22 @@ struct Avx512 {
   static __attribute__((always_inline)) __m512 hsum16(const Acc (&v)[16]) { return vec512::hsum16x16(v); }
   static void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 
-  static size_t packed_bytes(int M, int K) { return size_t(M) * K * sizeof(bf16_t); }
+  // Rows of the packed I and activation 64 bytes longer than K: W rows 4 or 8 KiB apart (Qwen3's,
+  // Mixtral's) all fall in the same L1 sets, and unpadded token rows did too.
+  static int64_t ld(int K) { return int64_t(K) + 32; }
+  static size_t packed_bytes(int M, int K) { return size_t(M) * size_t(ld(K)) * sizeof(bf16_t); }
 
   // Transformation 1: the layout vdpbf16ps wants along K is the general one: a plain row gather.
   static void pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, void* I) {
     bf16_t* dst = static_cast<bf16_t*>(I);
     for (int m = 0; m < M; ++m)
-      std::memcpy(dst + int64_t(m) * K, x + int64_t(rows[m]) * ldx, size_t(K) * sizeof(bf16_t));
+      std::memcpy(dst + int64_t(m) * ld(K), x + int64_t(rows[m]) * ldx, size_t(K) * sizeof(bf16_t));
   }
 
   // Transformation 2's store: SiLU(gate)*up rounded to bf16 into the row-major [M, I] activation
   // (the layout the down projection's vdpbf16ps reads along K).
   static void put_act(void* act, int act_K, int m, int k, float v) {
-    static_cast<bf16_t*>(act)[int64_t(m) * act_K + k] = f32_to_bf16(v);
+    static_cast<bf16_t*>(act)[int64_t(m) * ld(act_K) + k] = f32_to_bf16(v);
   }
 };
 
