@@ -20,7 +20,8 @@
 // the time (mostly under 1). Tried beside it and not kept: K sub-blocks of 512 with the accumulators
 // carried (1.07-1.23x: the inner loop is not short of L1, and the carry costs).
 // Blocking: R W rows x TT tokens of zmm accumulators.
-//   M <= 4: every W row streamed from memory once, R = 8 (M <= 2) or 4 rows at a time.
+//   M <= 4: every W row streamed from memory once, R = 4 (M = 1; rows of <= 2048 elements: 8),
+//     8 (M = 2) or 4 (M = 3, 4) rows at a time, the next tile prefetched into L2.
 //   M > 4: 4 rows x 4 tokens (16 accumulators), K in canonical pieces (<= 2048, pieces.h: a 16 KiB
 //     W slice in L1), token blocks of 32 (I slice 128 KiB in L2); W re-read once per 32 tokens.
 //
