@@ -67,13 +67,13 @@ inline void store_y(float* y, int64_t ldy, int n0, int n, int M, const float* c,
 // Kn::hsum16(const Acc (&)[16]) -> 16 horizontal sums in one vector (Kn::store16 writes it out), where
 // a kernel has it: the same bits as 16 calls of Kn::hsum, fewer instructions.
 template <class Kn, class = void> struct HasHsum16 { static constexpr bool value = false; };
-// Kn::ld(K): the row stride of the packed I and activation, where a kernel pads it (else K).
-template <class Kn, class = void> struct ILd { static int64_t of(int K) { return K; } };
-template <class Kn> struct ILd<Kn, decltype(void(Kn::ld(0)))> { static int64_t of(int K) { return Kn::ld(K); } };
 template <class Kn>
 struct HasHsum16<Kn, decltype(void(Kn::hsum16(*static_cast<const typename Kn::Acc (*)[16]>(nullptr))))> {
   static constexpr bool value = true;
 };
+// Kn::ld(K): the row stride of the packed I and activation, where a kernel pads it (else K).
+template <class Kn, class = void> struct ILd { static int64_t of(int K) { return K; } };
+template <class Kn> struct ILd<Kn, decltype(void(Kn::ld(0)))> { static int64_t of(int K) { return Kn::ld(K); } };
 // The register tile: C[r * ldc + t] += sum_{k0 <= k < k1} W_r[k] * I_t[k]   for r < R, t < TT,
 // [k0, k1) a piece or a sub-block of one. The accumulators start at zero on the piece's first
 // sub-block (`first`), else are loaded from buf (R x TT vectors, row-major); at the piece's last

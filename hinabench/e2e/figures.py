@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..harness.store import load_frame
+from .engines import HINA
 
 NUM = ("layers", "batch_size", "prompt_tokens", "gen_tokens", "full_layers", "median_ms", "mad_ms", "tokens_per_s",
        "ffn_share", "attn_share", "ffn_ms", "attn_ms", "ttft_ms", "tpot_ms", "read_gbps", "layer_bytes",
@@ -406,7 +407,7 @@ def tables(df) -> str:
     for m in dict.fromkeys(df["model"]):
         # `hina` (experts), and where measured `hina+l` (+ the dense projections), `hina+a` (+ decode attention)
         # and `hina+l+a` (both)
-        for eng in [e for e in ("hina", "hina+l", "hina+a", "hina+l+a")
+        for eng in [e for e in HINA
                     if e == "hina" or ((df["model"] == m) & (df["backend"] == e)).any()]:
             h = layer(m, eng)
             for other, need in (("hf", 1.5), ("vllm", 1.2), ("llamacpp:bf16", 1.0)):
