@@ -59,6 +59,12 @@ struct QBlocking {
 
 template <int N> struct IntC { static constexpr int value = N; };
 
+// A kernel with a tile of 8 tokens (Kn::kWideRows rows; Kn::tile8<R>(w, sw, I, M, K, group, kb0, kb1, t0,
+// c, ldc), R = kWideRows or 1) takes the blocked path's full 8-token tiles with it, kWideRows rows per
+// row tile; the other tokens keep Kn::tile.
+template <class Kn, class = void> struct WideRows { static constexpr int value = 0; };
+template <class Kn> struct WideRows<Kn, decltype(void(Kn::kWideRows))> { static constexpr int value = Kn::kWideRows; };
+
 // An L2 prefetch of `bytes` from each of the R rows p[r] + off (the next tile's slice of a group).
 template <int R>
 inline void prefetch_l2_rows(const int8_t* const* p, int off, int bytes) {
@@ -180,7 +186,7 @@ void f8_pack_act(const float* act, int M, int K, int, void* out) {
 // kb (the tokens' slice of a block stays in L1/L2 while every row tile passes over it; each W byte is
 // read once). R rows per tile (a tail of n % R rows one at a time); with PF, each tile prefetches the
 // next tile's rows while it streams (decode only: one token tile per row tile).
-template <class Kn, int R, int PF>
+template <class Kn, int R, int PF, bool kWide = false>
 void rows_tokens(const int8_t* const* rows, const float* const* srows, int n, const void* I, int M, int K,
                  int group, int kb, float* c) {
   const int nblk = (K + 127) / 128;
@@ -216,6 +222,8 @@ void rows_tokens(const int8_t* const* rows, const float* const* srows, int n, co
         }
       }
       int t = 0;
+      if constexpr (kWide)
+        for (; t + 8 <= M; t += 8) Kn::template tile8<RR>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M);
       for (; t + kTokTile <= M; t += kTokTile)
         Kn::template tile<RR, kTokTile, 0>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M, nullptr);
       switch (M - t) {
@@ -245,6 +253,8 @@ void mm(const int8_t* const* rows, const float* const* srows, int n, const void*
       // contiguous stream and its tile is re-read from L1/L2 by the next token tiles; more tokens: K in
       // blocks of 1024, the tokens' slice of a block in L1/L2.
       const int kb = int64_t(M) * K <= kWholeK ? K : 1024;
+      if constexpr (WideRows<Kn>::value != 0)
+        if (M >= 8) return rows_tokens<Kn, WideRows<Kn>::value, 0, true>(rows, srows, n, I, M, K, group, kb, c);
       return rows_tokens<Kn, B.rows[0], 0>(rows, srows, n, I, M, K, group, kb, c);
     }
   }
@@ -258,7 +268,9 @@ inline int spread_pos(int u, int U, int per) {
   return (u % S) * per + u / S;
 }
 template <class Kn>
-constexpr int tile_rows(int M) { return M <= kTokTile ? Kn::kBlocking.rows[M] : Kn::kBlocking.rows[0]; }
+constexpr int tile_rows(int M) {
+  return M <= kTokTile ? Kn::kBlocking.rows[M] : M >= 8 && WideRows<Kn>::value ? WideRows<Kn>::value : Kn::kBlocking.rows[0];
+}
 
 thread_local ThreadScratch<float> tl_c2{nullptr, 0};   // the sums back in row order (spread)
 

@@ -125,6 +125,16 @@ def test_int8_group32_with_an_odd_number_of_groups(isa, T):
     _check_kernel("int8", 32, E=2, H=1056, I=96, T=T, k=2, isa=isa)
 
 
+@pytest.mark.parametrize("isa", INT8_ISAS)
+@pytest.mark.parametrize("g", [32, 64, 128])
+@pytest.mark.parametrize("T", [8, 13, 16, 23])
+def test_int8_one_expert_with_many_tokens(isa, g, T):
+    """One expert takes all T tokens: the blocked tiles, with the AVX-512 kernel's 8-token tiles (two
+    tokens per zmm, the group sums reduced across lanes in int32) and the 4-, 3-, 2- and 1-token
+    tiles after them over the same rows."""
+    _check_kernel("int8", g, E=1, H=256, I=384, T=T, k=1, isa=isa)
+
+
 @pytest.mark.parametrize("isa", FP8_ISAS)
 @pytest.mark.parametrize("which", ["finite", "subnormal"])
 def test_fp8_kernels_read_every_e4m3_value(isa, which):
