@@ -60,8 +60,9 @@ struct QBlocking {
 template <int N> struct IntC { static constexpr int value = N; };
 
 // A kernel with a tile of 8 tokens (Kn::kWideRows rows; Kn::tile8<R>(w, sw, I, M, K, group, kb0, kb1, t0,
-// c, ldc), R = kWideRows or 1) takes the blocked path's full 8-token tiles with it, kWideRows rows per
-// row tile; the other tokens keep Kn::tile.
+// c, ldc), R = kWideRows or 1, which stores only tokens < M) takes the blocked path's tokens
+// [0, Kn::wide_end(M)) with it in tiles of 8 (wide_end may round M up: padding tokens), kWideRows rows per
+// row tile; the tokens after wide_end keep Kn::tile.
 template <class Kn, class = void> struct WideRows { static constexpr int value = 0; };
 template <class Kn> struct WideRows<Kn, decltype(void(Kn::kWideRows))> { static constexpr int value = Kn::kWideRows; };
 
@@ -223,7 +224,8 @@ void rows_tokens(const int8_t* const* rows, const float* const* srows, int n, co
       }
       int t = 0;
       if constexpr (kWide)
-        for (; t + 8 <= M; t += 8) Kn::template tile8<RR>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M);
+        for (const int tw = Kn::wide_end(M); t < tw; t += 8)
+          Kn::template tile8<RR>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M);
       for (; t + kTokTile <= M; t += kTokTile)
         Kn::template tile<RR, kTokTile, 0>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M, nullptr);
       switch (M - t) {
@@ -254,7 +256,7 @@ void mm(const int8_t* const* rows, const float* const* srows, int n, const void*
       // blocks of 1024, the tokens' slice of a block in L1/L2.
       const int kb = int64_t(M) * K <= kWholeK ? K : 1024;
       if constexpr (WideRows<Kn>::value != 0)
-        if (M >= 8) return rows_tokens<Kn, WideRows<Kn>::value, 0, true>(rows, srows, n, I, M, K, group, kb, c);
+        if (Kn::wide_end(M) > 0) return rows_tokens<Kn, WideRows<Kn>::value, 0, true>(rows, srows, n, I, M, K, group, kb, c);
       return rows_tokens<Kn, B.rows[0], 0>(rows, srows, n, I, M, K, group, kb, c);
     }
   }
@@ -268,8 +270,11 @@ inline int spread_pos(int u, int U, int per) {
   return (u % S) * per + u / S;
 }
 template <class Kn>
-constexpr int tile_rows(int M) {
-  return M <= kTokTile ? Kn::kBlocking.rows[M] : M >= 8 && WideRows<Kn>::value ? WideRows<Kn>::value : Kn::kBlocking.rows[0];
+int tile_rows(int M) {
+  if (M <= kTokTile) return Kn::kBlocking.rows[M];
+  if constexpr (WideRows<Kn>::value != 0)
+    if (Kn::wide_end(M) > 0) return WideRows<Kn>::value;
+  return Kn::kBlocking.rows[0];
 }
 
 thread_local ThreadScratch<float> tl_c2{nullptr, 0};   // the sums back in row order (spread)

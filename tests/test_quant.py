@@ -127,11 +127,11 @@ def test_int8_group32_with_an_odd_number_of_groups(isa, T):
 
 @pytest.mark.parametrize("isa", INT8_ISAS)
 @pytest.mark.parametrize("g", [32, 64, 128])
-@pytest.mark.parametrize("T", [8, 13, 16, 23])
+@pytest.mark.parametrize("T", [6, 8, 13, 14, 16, 23])
 def test_int8_one_expert_with_many_tokens(isa, g, T):
     """One expert takes all T tokens: the blocked tiles, with the AVX-512 kernel's 8-token tiles (two
-    tokens per zmm, the group sums reduced across lanes in int32) and the 4-, 3-, 2- and 1-token
-    tiles after them over the same rows."""
+    tokens per zmm, the group sums reduced across lanes in int32), a last one padded (T = 6, 14, 23)
+    or the 4-, 3-, 2- and 1-token tiles after them over the same rows (T = 13)."""
     _check_kernel("int8", g, E=1, H=256, I=384, T=T, k=1, isa=isa)
 
 

@@ -96,9 +96,18 @@ inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint
 // K in blocks for these tiles (the 8 tokens' slice in L1 instead of L2) was slower: 4096 / 2048 / 1024
 // 0.97-1.10 / 1.00-1.22 / 1.04-1.42x of K whole.
 // The packed tokens (quant_glue.h's int8 operand: uint8 rows, then the scales) and, for the 8-token
-// tiles, the first M & ~7 tokens again in pairs: pair p's 32-byte steps of token 2p and 2p + 1
-// alternate ([K / 32][2][32]), so that a step of a pair is one 64-byte load.
-inline int wide_tokens(int M) { return M >= 8 ? M & ~7 : 0; }
+// tiles, their tokens again in pairs: pair p's 32-byte steps of token 2p and 2p + 1 alternate
+// ([K / 32][2][32]), so that a step of a pair is one 64-byte load. The tiles take every whole 8
+// tokens, and the last 6 or 7 too, padded to 8 with zero tokens (their sums are 0 exactly and their
+// outputs are not stored); 1 to 5 left over take vnni_tile. Against the 4-token tiles for what is left
+// (the modules side by side, 9 rounds, two copies of each setting; Zen 4, 2026-12-02), Mixtral-8x7B
+// M = 6 / 7 / 15 0.79 / 0.72 / 0.85-0.90x the time, Qwen3-30B-A3B 0.90-1.01 / 0.87-0.93 / 0.82-0.87x;
+// 5 left over (M = 5 / 13) was 0.83-0.95 / 1.03-1.06x (Mixtral) and 1.07-1.14 / 1.01-1.03x (Qwen3).
+constexpr int kWidePad = 6;   // the last 6 or 7 tokens: an 8-token tile with 2 or 1 padding tokens
+inline int wide_tokens(int M) {
+  const int full = M & ~7;
+  return M - full >= kWidePad ? full + 8 : full;
+}
 size_t vnni_packed_bytes(int M, int K, int group) {
   return a64(i8_packed_bytes<uint8_t>(M, K, group)) + size_t(wide_tokens(M)) * K;
 }
@@ -108,9 +117,13 @@ inline const uint8_t* vnni_pairs(const void* I, int M, int K, int group) {
 void vnni_pair_up(void* I, int M, int K, int group) {
   const uint8_t* q = static_cast<const uint8_t*>(I);
   uint8_t* d = const_cast<uint8_t*>(vnni_pairs(I, M, K, group));
-  for (int t = 0; t < wide_tokens(M); ++t)
-    for (int k = 0; k < K; k += 32)
-      std::memcpy(d + int64_t(t / 2) * 2 * K + 2 * k + (t & 1) * 32, q + int64_t(t) * K + k, 32);
+  const int tw = wide_tokens(M);
+  for (int t = 0; t < tw; ++t)
+    for (int k = 0; k < K; k += 32) {
+      uint8_t* dst = d + int64_t(t / 2) * 2 * K + 2 * k + (t & 1) * 32;
+      if (t < M) std::memcpy(dst, q + int64_t(t) * K + k, 32);
+      else std::memset(dst, 0x80, 32);   // a padding token: 0 (+ 128), its sums 0 exactly
+    }
 }
 void vnni_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int group, void* I) {
   i8_pack_tokens<uint8_t, 128>(x, ldx, rows, M, K, group, I);
@@ -123,9 +136,11 @@ void vnni_pack_act(const float* act, int M, int K, int group, void* out) {
 
 template <int R>
 inline void vnni_tile8(const int8_t* const* w, const float* const* sw, const uint8_t* x, int64_t ldx,
-                       const float* sx, int ng, int kb0, int kb1, int group, float* c, int ldc) {
+                       const float* sx, int ng, int valid, int kb0, int kb1, int group, float* c, int ldc) {
   const __m256i bias = _mm256_set1_epi8(char(0x80));
-  const __m256i sidx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7), _mm256_set1_epi32(ng));
+  // the tokens' scales, a padding token's read from the last real one's (its sums are 0)
+  const __m256i sidx = _mm256_mullo_epi32(
+      _mm256_min_epi32(_mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7), _mm256_set1_epi32(valid - 1)), _mm256_set1_epi32(ng));
   __m256 accf[R];
   #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) accf[r] = _mm256_setzero_ps();
@@ -169,9 +184,11 @@ inline void vnni_tile8(const int8_t* const* w, const float* const* sw, const uin
     }
   }
   const __m256i nat = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);   // back to tokens 0 .. 7
+  const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
-    _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(_mm256_loadu_ps(c + r * ldc), _mm256_permutexvar_ps(nat, accf[r])));
+    _mm256_maskstore_ps(c + r * ldc, live,
+                        _mm256_add_ps(_mm256_maskload_ps(c + r * ldc, live), _mm256_permutexvar_ps(nat, accf[r])));
 }
 
 struct VnniKn {
@@ -217,8 +234,9 @@ struct VnniKn {
                     int kb0, int kb1, int t0, float* c, int ldc) {
     const int ng = K / group;
     vnni_tile8<R>(w, sw, vnni_pairs(I, M, K, group) + int64_t(t0) * K, K,
-                  i8_s<uint8_t>(I, M, K) + int64_t(t0) * ng, ng, kb0, kb1, group, c, ldc);
+                  i8_s<uint8_t>(I, M, K) + int64_t(t0) * ng, ng, M - t0 < 8 ? M - t0 : 8, kb0, kb1, group, c, ldc);
   }
+  static int wide_end(int M) { return wide_tokens(M); }
   static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row) * lds; }
 };
 
