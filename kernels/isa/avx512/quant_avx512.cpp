@@ -77,18 +77,20 @@ inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint
     for (int t = 0; t < TT; ++t) c[r * ldc + t] += hsum8(accf[r][t]);
 }
 
-// Eight tokens at once (the blocked path's full token tiles, M >= 8): two tokens per zmm, token 2p's
-// 32 bytes of a step in the low half and 2p + 1's in the high half (one load: the pack's pairs, below),
-// the row's 32 bytes broadcast to both, so one 512-bit vpdpbusd serves a row and two tokens. R x 4 zmm accumulators: R = 4 rows x 8
-// tokens per tile, where vnni_tile takes 2 x 4 -- each 32 bytes of W loaded serves 8 tokens, each of
-// the tokens' 32 bytes 4 rows (the down projection's 4 x 14336-byte token slices do not stay in L1:
-// the old tile re-read them from L2 for every 2 rows). Per group, each row's 8 accumulators (less the
+// Eight tokens at once (the blocked path's token tiles, M >= 6: which tokens, below): two tokens per
+// zmm, token 2p's 32 bytes of a step in the low half and 2p + 1's in the high half (one load: the
+// pack's pairs, below), the row's 32 bytes broadcast to both, so one 512-bit vpdpbusd serves a row and
+// two tokens. R x 4 zmm accumulators: R = 4 rows x 8 tokens per tile, where vnni_tile takes 2 x 4 --
+// each 32 bytes of W loaded serves 8 tokens, each of the tokens' 32 bytes 4 rows (the down
+// projection's 4 x 14336-byte token slices do not stay in L1: the old tile re-read them from L2 for
+// every 2 rows). Per group, each row's 8 accumulators (less the
 // compensation) are summed across their lanes at once, in int32, exactly (a tree of unpacks and
 // adds: 8 token sums in one ymm, in the order 0 2 4 6 1 3 5 7), then converted once and scaled by
 // the 8 tokens' scales (one gather) and the row's: three vector instructions per row and group
 // where vnni_tile takes three per (row, token). The int32 group sums are exact, so this tile and
 // vnni_tile differ only in the fp32 rounding of the scaling (vnni_tile scales per lane): a token's
-// output is not bit-identical between M < 8 and M >= 8 (the INT8 kernels do not claim batch invariance).
+// output depends on whether its expert's M puts it in an 8-token tile (M < 6: never), not bit for bit
+// batch-invariant (the INT8 kernels do not claim it; the BF16 kernels do).
 // Measured on Zen 4 (2026-12-02, 2 threads, same-experts routing, the builds' modules loaded side by
 // side and called alternately, 7 rounds x 3 calls, medians), time against the 2 x 4 tiles before:
 //   Mixtral-8x7B T = 8 / 16 / 64: 0.67 / 0.65-0.68 / 0.62-0.75x with the pairs put together by
@@ -227,7 +229,7 @@ struct VnniKn {
     }
     vnni_tile<R, TT, PF>(w, sw, x, sx, kb0, kb1, group, c, ldc, nxt);
   }
-  // the blocked path's full 8-token tiles (quant_glue.h, WideRows)
+  // the blocked path's 8-token tiles (quant_glue.h, WideRows)
   static constexpr int kWideRows = 4;
   template <int R>
   static void tile8(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int group,
