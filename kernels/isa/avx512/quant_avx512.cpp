@@ -96,7 +96,11 @@ inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint
 //   Mixtral-8x7B T = 8 / 16 / 64: 0.67 / 0.65-0.68 / 0.62-0.75x with the pairs put together by
 //   vinserti64x4, 0.64 / 0.62 / 0.70x with the pack's pairs; Qwen3-30B-A3B 0.71 / 0.76 / 0.77x.
 // K in blocks for these tiles (the 8 tokens' slice in L1 instead of L2) was slower: 4096 / 2048 / 1024
-// 0.97-1.10 / 1.00-1.22 / 1.04-1.42x of K whole.
+// 0.97-1.10 / 1.00-1.22 / 1.04-1.42x of K whole. Tried and not kept: the compensation's lanes summed once
+// per row and group by a row tile's first token tile, kept in a per-thread buffer and subtracted after
+// the tree by the others, which then skip its vpdpbusd (bit-identical): against this tile, two copies
+// of each alternated, Mixtral T = 8 / 16 / 64 0.97 / 0.98 / 0.99x, Qwen3-30B-A3B 1.06 / 0.98 / 1.02x --
+// within the noise, so the compensation is not what limits these tiles.
 // The packed tokens (quant_glue.h's int8 operand: uint8 rows, then the scales) and, for the 8-token
 // tiles, their tokens again in pairs: pair p's 32-byte steps of token 2p and 2p + 1 alternate
 // ([K / 32][2][32]), so that a step of a pair is one 64-byte load. The tiles take every whole 8
