@@ -199,8 +199,8 @@ E2E_HOW = {
     "fig12": "decode at batch 1 per engine (hf, hina, hina+l, vllm; llamacpp, ipex, kt say why not), per layer "
              "from two depths of a synthetic-weight Qwen3-30B-A3B checkpoint",
     "fig13": "batch decode throughput, and the experts' share of a decode step (forward hooks)",
-    "fig14": "the ablation baseline (hf) -> +m (HiNa FFN) -> +m+l; +a says why not (the attention kernel is "
-             "not dropped into transformers yet)",
+    "fig14": "the ablation baseline (hf) -> +m (HiNa FFN), +m+l (and the dense projections), +m+a (and HiNa "
+             "decode attention), +m+l+a (all three)",
     "table4": "prefill tokens/s by prompt length, CPU engines (--quick: P = 128 only)",
 }
 

@@ -5,7 +5,8 @@ so the embedding and the LM head (151936 x 2048 for Qwen3) do not dominate a few
 full-depth figure is t(N1) + (L - N1) x per-layer, always labelled *projected*.
 fig12  decode speed at batch 1 per model and engine (projected full depth) and the per-layer step
 fig13  decode tokens/s by batch (left) and the share of a decode step in the MoE experts and attention (right)
-fig14  the ablation: baseline (transformers) -> +m (HiNa expert FFN) -> +m+a (HiNa attention), per-layer
+fig14  the ablation over baseline (transformers): +m (HiNa expert FFN), +m+l (and the linear kernel), +m+a
+       (and HiNa attention), +m+l+a, per-layer
 table4 prefill throughput (tokens/s) by prompt length, batch 1
 """
 from __future__ import annotations
@@ -260,7 +261,7 @@ def fig14(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     ax.set_ylabel("decode speedup over hf, batch 1\n(per layer; hatched: whole step)")
     ax.set_xlim(-0.5, len(models) - 0.1)
     ax.legend(fontsize=8)
-    fig.suptitle("Figure 14: decode ablation (baseline -> +m -> +m+a)")
+    fig.suptitle(f"Figure 14: decode ablation ({', '.join(step for step, _ in ABLATION)})")
     notes = [f"{a['model']} {a['step']}: {a['why'][:150]}" for a in ab if not a["speedup"] and a["step"] != "baseline" and a["why"]]
     cap = _caption(df, "baseline = transformers' default experts (hf); +m = HiNa expert FFN via ExpertsInterface; "
                        "+m+l = also the dense projections and LM head on the HiNa linear kernel (not in the paper's ablation); +m+a = HiNa decode attention; "

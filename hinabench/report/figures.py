@@ -590,7 +590,8 @@ TITLES = {"fig1": "Figure 1: CPU vs GPU expert-FFN throughput by batch",
           "fig15": "Figure 15: remote-DRAM traffic, weights interleaved",
           "fig12": "Figure 12: end-to-end decode at batch 1, per engine (per layer, and projected to full depth)",
           "fig13": "Figure 13: batch decode throughput and the MoE FFN's share of a decode step",
-          "fig14": "Figure 14: decode ablation (baseline -> +m HiNa FFN -> +m+a HiNa attention)",
+          "fig14": "Figure 14: decode ablation (baseline, +m HiNa FFN, +m+l and the linear kernel, +m+a HiNa "
+                   "attention, +m+l+a)",
           "table4": "Table 4: prefill throughput by prompt length"}
 
 
