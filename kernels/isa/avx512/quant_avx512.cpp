@@ -114,11 +114,12 @@ inline int wide_tokens(int M) {
   const int full = M & ~7;
   return M - full >= kWidePad ? full + 8 : full;
 }
+inline size_t vnni_pairs_at(int M, int K, int group) { return a64(i8_packed_bytes<uint8_t>(M, K, group)); }
 size_t vnni_packed_bytes(int M, int K, int group) {
-  return a64(i8_packed_bytes<uint8_t>(M, K, group)) + size_t(wide_tokens(M)) * K;
+  return vnni_pairs_at(M, K, group) + size_t(wide_tokens(M)) * K;
 }
 inline const uint8_t* vnni_pairs(const void* I, int M, int K, int group) {
-  return static_cast<const uint8_t*>(I) + a64(i8_packed_bytes<uint8_t>(M, K, group));
+  return static_cast<const uint8_t*>(I) + vnni_pairs_at(M, K, group);
 }
 void vnni_pair_up(void* I, int M, int K, int group) {
   const uint8_t* q = static_cast<const uint8_t*>(I);
