@@ -127,6 +127,16 @@ def test_int8_group32_with_an_odd_number_of_groups(isa, T):
 
 @pytest.mark.parametrize("isa", INT8_ISAS)
 @pytest.mark.parametrize("g", [32, 64, 128])
+@pytest.mark.parametrize("T", [2, 3, 4])
+def test_int8_one_expert_with_two_to_four_tokens(isa, g, T):
+    """One expert takes T = 2, 3 or 4 tokens: the decode tiles, on AVX-512 VNNI the pair tiles (4 rows x
+    one or two token pairs per zmm, four rows' or two rows' group sums reduced in one tree; T = 3 with a
+    padding token), with the next tile's L2 prefetch, and a task's last tile without it."""
+    _check_kernel("int8", g, E=1, H=256, I=384, T=T, k=1, isa=isa)
+
+
+@pytest.mark.parametrize("isa", INT8_ISAS)
+@pytest.mark.parametrize("g", [32, 64, 128])
 @pytest.mark.parametrize("T", [6, 8, 13, 14, 16, 23])
 def test_int8_one_expert_with_many_tokens(isa, g, T):
     """One expert takes all T tokens: the blocked tiles, with the AVX-512 kernel's 8-token tiles (two

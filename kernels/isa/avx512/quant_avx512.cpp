@@ -89,8 +89,9 @@ inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint
 // the 8 tokens' scales (one gather) and the row's: three vector instructions per row and group
 // where vnni_tile takes three per (row, token). The int32 group sums are exact, so this tile and
 // vnni_tile differ only in the fp32 rounding of the scaling (vnni_tile scales per lane): a token's
-// output depends on whether its expert's M puts it in an 8-token tile (M < 6: never), not bit for bit
-// batch-invariant (the INT8 kernels do not claim it; the BF16 kernels do).
+// output depends on whether its expert's M puts it in a pair tile (this one, or vnni_tilep's decode
+// tiles of 2-4 tokens below; M = 1 and 5: never), not bit for bit batch-invariant (the INT8 kernels do
+// not claim it; the BF16 kernels do).
 // Measured on Zen 4 (2026-12-02, 2 threads, same-experts routing, the builds' modules loaded side by
 // side and called alternately, 7 rounds x 3 calls, medians), time against the 2 x 4 tiles before:
 //   Mixtral-8x7B T = 8 / 16 / 64: 0.67 / 0.65-0.68 / 0.62-0.75x with the pairs put together by
@@ -114,9 +115,11 @@ inline int wide_tokens(int M) {
   const int full = M & ~7;
   return M - full >= kWidePad ? full + 8 : full;
 }
+// the tokens the pack lays out in pairs: the 8-token tiles', or all of a decode expert's 2-4 (3: one padding)
+inline int pair_tokens(int M) { return M <= kTokTile ? (M >= 2 ? (M + 1) & ~1 : 0) : wide_tokens(M); }
 inline size_t vnni_pairs_at(int M, int K, int group) { return a64(i8_packed_bytes<uint8_t>(M, K, group)); }
 size_t vnni_packed_bytes(int M, int K, int group) {
-  return vnni_pairs_at(M, K, group) + size_t(wide_tokens(M)) * K;
+  return vnni_pairs_at(M, K, group) + size_t(pair_tokens(M)) * K;
 }
 inline const uint8_t* vnni_pairs(const void* I, int M, int K, int group) {
   return static_cast<const uint8_t*>(I) + vnni_pairs_at(M, K, group);
@@ -124,7 +127,7 @@ inline const uint8_t* vnni_pairs(const void* I, int M, int K, int group) {
 void vnni_pair_up(void* I, int M, int K, int group) {
   const uint8_t* q = static_cast<const uint8_t*>(I);
   uint8_t* d = const_cast<uint8_t*>(vnni_pairs(I, M, K, group));
-  const int tw = wide_tokens(M);
+  const int tw = pair_tokens(M);
   for (int t = 0; t < tw; ++t)
     for (int k = 0; k < K; k += 32) {
       uint8_t* dst = d + int64_t(t / 2) * 2 * K + 2 * k + (t & 1) * 32;
@@ -141,61 +144,99 @@ void vnni_pack_act(const float* act, int M, int K, int group, void* out) {
   vnni_pair_up(out, M, K, group);
 }
 
-template <int R>
-inline void vnni_tile8(const int8_t* const* w, const float* const* sw, const uint8_t* x, int64_t ldx,
-                       const float* sx, int ng, int valid, int kb0, int kb1, int group, float* c, int ldc) {
+// Pairs of tokens, P pairs (2P tokens) x R rows per tile: P = 4 is the 8-token tile above; P = 2 and 1
+// take the decode tiles of M = 3-4 and 2 tokens (below, VnniKn::tile), 4 rows, with the decode tiles'
+// L2 prefetch of the next tile's rows (PF). Against the ymm tiles they replace (2 rows x 3-4 tokens, 4
+// rows x 2; each (row, token) scaled per group on its own: a subtraction, a conversion, a scalar
+// product, a broadcast and an FMA, as many vector instructions as its vpdpbusd at M = 4), the builds'
+// modules side by side in one process (Zen 4, 2026-12-02, 2 threads, same-experts routing, weights
+// streamed from DRAM, 5 rounds, medians): Qwen3-30B-A3B T = 2 / 3 / 4 0.96-0.97 / 0.93 / 0.89x the
+// time, Mixtral-8x7B 0.98-1.03 / 0.88 / 0.85-0.88x; at T = 4 both within 5% of T = 1's time. 8 rows at
+// M = 2 (0.98-1.00x) or at M = 3-4 (1.03x) were no better. A scratch build without the per-group
+// scaling (wrong sums; the int32 sums carried over the whole row) had shown its cost first: T = 4
+// 0.80x (Qwen3) / 0.85x (Mixtral), T = 1 0.95-0.97x; without the compensation vpdpbusd 0.90-1.00x. Per group, four accumulators
+// (less their rows' compensation) go through one tree into 8 int32 sums: a row's four pairs (P = 4),
+// two rows' two pairs (P = 2) or four rows' one pair (P = 1) -- 4 / P rows per tree, R / (4 / P) trees.
+// Element j of a tree's result (vector i = j % 4 of its input, half h = j / 4) is row 4/P-group's
+// row i / P, token 2 (i % P) + h; after the permutation `nat` they are row-major, [4 / P rows][2P tokens].
+template <int R, int P, int PF>
+inline void vnni_tilep(const int8_t* const* w, const float* const* sw, const uint8_t* x, int64_t ldx,
+                       const float* sx, int ng, int valid, int kb0, int kb1, int group, float* c, int ldc,
+                       const int8_t* const* nxt) {
+  static_assert(P == 1 || P == 2 || P == 4, "pairs per tile");
+  constexpr int G = 4 / P;            // rows per tree
+  static_assert(R % G == 0, "whole trees");
+  constexpr int Q = R / G;            // trees
   const __m256i bias = _mm256_set1_epi8(char(0x80));
-  // the tokens' scales, a padding token's read from the last real one's (its sums are 0)
-  const __m256i sidx = _mm256_mullo_epi32(
-      _mm256_min_epi32(_mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7), _mm256_set1_epi32(valid - 1)), _mm256_set1_epi32(ng));
-  __m256 accf[R];
+  // the tokens' scales in the trees' element order, a padding token's read from the last real one's
+  // (its sums are 0)
+  const __m256i tok = P == 4 ? _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)
+                    : P == 2 ? _mm256_setr_epi32(0, 2, 0, 2, 1, 3, 1, 3)
+                             : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const __m256i sidx = _mm256_mullo_epi32(_mm256_min_epi32(tok, _mm256_set1_epi32(valid - 1)), _mm256_set1_epi32(ng));
+  __m256 accf[Q];
   #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) accf[r] = _mm256_setzero_ps();
+  for (int q = 0; q < Q; ++q) accf[q] = _mm256_setzero_ps();
   for (int k0 = kb0, gi = kb0 / group; k0 < kb1; k0 += group, ++gi) {
-    __m512i acc[R][4];
+    if constexpr (PF == 2) prefetch_l2_rows<R>(nxt, k0 - kb0, group);
+    __m512i acc[R][P];
     __m256i comp[R];
-    #pragma GCC unroll 4
+    #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       comp[r] = _mm256_setzero_si256();
       #pragma GCC unroll 4
-      for (int p = 0; p < 4; ++p) acc[r][p] = _mm512_setzero_si512();
+      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_si512();
     }
     for (int k = k0; k < k0 + group; k += 32) {
-      __m512i xv[4];
+      __m512i xv[P];
       #pragma GCC unroll 4
-      for (int p = 0; p < 4; ++p) xv[p] = _mm512_loadu_si512(x + 2 * p * ldx + 2 * k);
-      #pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) xv[p] = _mm512_loadu_si512(x + 2 * p * ldx + 2 * k);
+      #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m512i wz = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k)));
         comp[r] = _mm256_dpbusd_epi32(comp[r], bias, _mm512_castsi512_si256(wz));
         #pragma GCC unroll 4
-        for (int p = 0; p < 4; ++p) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], xv[p], wz);
+        for (int p = 0; p < P; ++p) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], xv[p], wz);
       }
     }
     const __m256 sxv = _mm256_i32gather_ps(sx + gi, sidx, 4);
     #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m512i cz = _mm512_broadcast_i64x4(comp[r]);
+    for (int q = 0; q < Q; ++q) {
       __m512i a[4];
       #pragma GCC unroll 4
-      for (int p = 0; p < 4; ++p) a[p] = _mm512_sub_epi32(acc[r][p], cz);
-      // per 128-bit lane L (token 2p: L = 0, 1; token 2p + 1: L = 2, 3), a[p]'s four ints summed into
-      // element p of lane L
+      for (int i = 0; i < 4; ++i) {
+        const int r = q * G + i / P;
+        a[i] = _mm512_sub_epi32(acc[r][i % P], _mm512_broadcast_i64x4(comp[r]));
+      }
+      // per 128-bit lane L (token half 0: L = 0, 1; half 1: L = 2, 3), a[i]'s four ints summed into
+      // element i of lane L
       const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
       const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2], a[3]), _mm512_unpackhi_epi32(a[2], a[3]));
       const __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
-      // lanes 0 + 1 (tokens 0 2 4 6) and 2 + 3 (1 3 5 7)
+      // lanes 0 + 1 (half 0) and 2 + 3 (half 1)
       const __m512i v = _mm512_add_epi32(u, _mm512_shuffle_i64x2(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
       const __m256i d = _mm512_castsi512_si256(_mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0)));
-      accf[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d), sxv), _mm256_set1_ps(sw[r][gi]), accf[r]);
+      __m256 swv;   // the rows' scales in the same order
+      if constexpr (P == 4) {
+        swv = _mm256_set1_ps(sw[q][gi]);
+      } else if constexpr (P == 2) {
+        const __m128 h = _mm_movelh_ps(_mm_set1_ps(sw[2 * q][gi]), _mm_set1_ps(sw[2 * q + 1][gi]));
+        swv = _mm256_set_m128(h, h);
+      } else {
+        const __m128 h = _mm_setr_ps(sw[4 * q][gi], sw[4 * q + 1][gi], sw[4 * q + 2][gi], sw[4 * q + 3][gi]);
+        swv = _mm256_set_m128(h, h);
+      }
+      accf[q] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d), sxv), swv, accf[q]);
     }
   }
-  const __m256i nat = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);   // back to tokens 0 .. 7
-  const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i nat = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);   // to [G rows][2P tokens]
   #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-    _mm256_maskstore_ps(c + r * ldc, live,
-                        _mm256_add_ps(_mm256_maskload_ps(c + r * ldc, live), _mm256_permutexvar_ps(nat, accf[r])));
+  for (int q = 0; q < Q; ++q) {
+    alignas(32) float o[8];
+    _mm256_store_ps(o, _mm256_permutexvar_ps(nat, accf[q]));
+    for (int g = 0; g < G; ++g)
+      for (int t = 0; t < 2 * P && t < valid; ++t) c[(q * G + g) * ldc + t] += o[g * 2 * P + t];
+  }
 }
 
 struct VnniKn {
@@ -209,7 +250,8 @@ struct VnniKn {
   // apart, fewer tasks).
   // 4 rows (two gate/up pairs) at M = 2 too, since the spread: T = 2 Qwen3 1.83 -> 1.61 ms, Mixtral (all 8
   // experts) 55.7 -> 52.3; at M = 3 no change measured (1.80-1.95 vs 1.86 ms), at M = 4 slower (2.06 vs
-  // 1.77-1.90: 16 + 16 + 4 accumulators do not fit the 32 registers).
+  // 1.77-1.90: 16 + 16 + 4 accumulators do not fit the 32 registers). Since 2026-12-02 M = 2-4 take the
+  // pair tiles (vnni_tilep: 4 rows x 1 or 2 zmm pairs, 8 or 4 accumulators), 4 rows at every M >= 2.
   // Tried and not kept (2026-12-02, same machine, Qwen3-30B-A3B shapes over all 8 experts, median of
   // 300-600 calls, builds alternated twice): the weights made unsigned instead of the tokens (w ^ 0x80 on
   // load, the compensation 128 x sum(x) per token and group computed in the gather), which drops the
@@ -219,11 +261,18 @@ struct VnniKn {
   // same within noise from L3 (0.96-0.98 ms) and from DRAM (1.67-1.71). Nor an L2 prefetch three tiles
   // ahead instead of one (T = 1 from DRAM 1.67-1.71 -> 1.75-1.81). At T = 1 from L3 the call is ~0.97
   // ms for 37.7 MB, at T = 4 ~1.4: the DRAM time (1.7 / 2.0) is not this loop's instruction count.
-  static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
+  static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 4, 4}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
                                        /*spread=*/true};
   template <int R, int TT, int PF>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int group,
                    int kb0, int kb1, int t0, float* c, int ldc, const int8_t* const* nxt) {
+    if constexpr (TT >= 2 && R % (TT > 2 ? 2 : 4) == 0) {
+      if (M <= kTokTile) {   // the decode tiles of 2-4 tokens: pairs (t0 = 0, TT = M)
+        constexpr int P = TT > 2 ? 2 : 1;
+        return vnni_tilep<R, P, PF>(w, sw, vnni_pairs(I, M, K, group), K, i8_s<uint8_t>(I, M, K), K / group, M,
+                                    kb0, kb1, group, c, ldc, nxt);
+      }
+    }
     const uint8_t* x[TT];
     const float* sx[TT];
     const uint8_t* q = static_cast<const uint8_t*>(I);
@@ -240,8 +289,9 @@ struct VnniKn {
   static void tile8(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int group,
                     int kb0, int kb1, int t0, float* c, int ldc) {
     const int ng = K / group;
-    vnni_tile8<R>(w, sw, vnni_pairs(I, M, K, group) + int64_t(t0) * K, K,
-                  i8_s<uint8_t>(I, M, K) + int64_t(t0) * ng, ng, M - t0 < 8 ? M - t0 : 8, kb0, kb1, group, c, ldc);
+    vnni_tilep<R, 4, 0>(w, sw, vnni_pairs(I, M, K, group) + int64_t(t0) * K, K,
+                        i8_s<uint8_t>(I, M, K) + int64_t(t0) * ng, ng, M - t0 < 8 ? M - t0 : 8, kb0, kb1, group, c,
+                        ldc, nullptr);
   }
   static int wide_end(int M) { return wide_tokens(M); }
   static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row) * lds; }
