@@ -154,9 +154,10 @@ void vnni_pack_act(const float* act, int M, int K, int group, void* out) {
 // time, Mixtral-8x7B 0.98-1.03 / 0.88 / 0.85-0.88x; at T = 4 both within 5% of T = 1's time. 8 rows at
 // M = 2 (0.98-1.00x) or at M = 3-4 (1.03x) were no better. A scratch build without the per-group
 // scaling (wrong sums; the int32 sums carried over the whole row) had shown its cost first: T = 4
-// 0.80x (Qwen3) / 0.85x (Mixtral), T = 1 0.95-0.97x; without the compensation vpdpbusd 0.90-1.00x. Per group, four accumulators
-// (less their rows' compensation) go through one tree into 8 int32 sums: a row's four pairs (P = 4),
-// two rows' two pairs (P = 2) or four rows' one pair (P = 1) -- 4 / P rows per tree, R / (4 / P) trees.
+// 0.80x (Qwen3) / 0.85x (Mixtral), T = 1 0.95-0.97x; without the compensation vpdpbusd 0.90-1.00x.
+// Per group, four accumulators (less their rows' compensation) go through one tree into 8 int32 sums:
+// a row's four pairs (P = 4), two rows' two pairs (P = 2) or four rows' one pair (P = 1) -- 4 / P rows
+// per tree, R / (4 / P) trees.
 // Element j of a tree's result (vector i = j % 4 of its input, half h = j / 4) is row 4/P-group's
 // row i / P, token 2 (i % P) + h; after the permutation `nat` they are row-major, [4 / P rows][2P tokens].
 template <int R, int P, int PF>
