@@ -83,9 +83,10 @@ inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint
 // two tokens. R x 4 zmm accumulators: R = 4 rows x 8 tokens per tile, where vnni_tile takes 2 x 4 --
 // each 32 bytes of W loaded serves 8 tokens, each of the tokens' 32 bytes 4 rows (the down
 // projection's 4 x 14336-byte token slices do not stay in L1: the old tile re-read them from L2 for
-// every 2 rows). Per group, each row's 8 accumulators (less the
-// compensation) are summed across their lanes at once, in int32, exactly (a tree of unpacks and
-// adds: 8 token sums in one ymm, in the order 0 2 4 6 1 3 5 7), then converted once and scaled by
+// every 2 rows). Per group, each row's 4 accumulators are summed across their lanes at once, in
+// int32, exactly (a tree of unpacks and adds: 8 token sums in one ymm, in the order 0 2 4 6 1 3 5 7),
+// less the tokens' compensation (the roles of the operands are swapped in these tiles: below), then
+// converted once and scaled by
 // the 8 tokens' scales (one gather) and the row's: three vector instructions per row and group
 // where vnni_tile takes three per (row, token). The int32 group sums are exact, so this tile and
 // vnni_tile differ only in the fp32 rounding of the scaling (vnni_tile scales per lane): a token's
@@ -102,9 +103,10 @@ inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint
 // the tree by the others, which then skip its vpdpbusd (bit-identical): against this tile, two copies
 // of each alternated, Mixtral T = 8 / 16 / 64 0.97 / 0.98 / 0.99x, Qwen3-30B-A3B 1.06 / 0.98 / 1.02x --
 // within the noise, so the compensation is not what limits these tiles.
-// The packed tokens (quant_glue.h's int8 operand: uint8 rows, then the scales) and, for the 8-token
-// tiles, their tokens again in pairs: pair p's 32-byte steps of token 2p and 2p + 1 alternate
-// ([K / 32][2][32]), so that a step of a pair is one 64-byte load. The tiles take every whole 8
+// The packed tokens (quant_glue.h's int8 operand: uint8 rows, then the scales) and, for the pair
+// tiles, their tokens again in pairs, signed (x itself, not x + 128): pair p's 32-byte steps of token
+// 2p and 2p + 1 alternate ([K / 32][2][32]), so that a step of a pair is one 64-byte load; then, per
+// paired token and group, 128 x the group's sum of x (int32). The 8-token tiles take every whole 8
 // tokens, and the last 6 or 7 too, padded to 8 with zero tokens (their sums are 0 exactly and their
 // outputs are not stored); 1 to 5 left over take vnni_tile. Against the 4-token tiles for what is left
 // (the modules side by side, 9 rounds, two copies of each setting; Zen 4, 2026-12-02), Mixtral-8x7B
@@ -118,8 +120,12 @@ inline int wide_tokens(int M) {
 // the tokens the pack lays out in pairs: the 8-token tiles', or all of a decode expert's 2-4 (3: one padding)
 inline int pair_tokens(int M) { return M <= kTokTile ? (M >= 2 ? (M + 1) & ~1 : 0) : wide_tokens(M); }
 inline size_t vnni_pairs_at(int M, int K, int group) { return a64(i8_packed_bytes<uint8_t>(M, K, group)); }
+inline size_t vnni_csum_at(int M, int K, int group) { return a64(vnni_pairs_at(M, K, group) + size_t(pair_tokens(M)) * K); }
 size_t vnni_packed_bytes(int M, int K, int group) {
-  return vnni_pairs_at(M, K, group) + size_t(pair_tokens(M)) * K;
+  return vnni_csum_at(M, K, group) + size_t(pair_tokens(M)) * (K / group) * sizeof(int32_t);
+}
+inline const int32_t* vnni_csum(const void* I, int M, int K, int group) {
+  return reinterpret_cast<const int32_t*>(static_cast<const char*>(I) + vnni_csum_at(M, K, group));
 }
 inline const uint8_t* vnni_pairs(const void* I, int M, int K, int group) {
   return static_cast<const uint8_t*>(I) + vnni_pairs_at(M, K, group);
@@ -128,11 +134,22 @@ void vnni_pair_up(void* I, int M, int K, int group) {
   const uint8_t* q = static_cast<const uint8_t*>(I);
   uint8_t* d = const_cast<uint8_t*>(vnni_pairs(I, M, K, group));
   const int tw = pair_tokens(M);
+  int32_t* cs = const_cast<int32_t*>(vnni_csum(I, M, K, group));
+  const int ng = K / group;
+  const __m256i bias = _mm256_set1_epi8(char(0x80)), zero = _mm256_setzero_si256();
   for (int t = 0; t < tw; ++t)
-    for (int k = 0; k < K; k += 32) {
-      uint8_t* dst = d + int64_t(t / 2) * 2 * K + 2 * k + (t & 1) * 32;
-      if (t < M) std::memcpy(dst, q + int64_t(t) * K + k, 32);
-      else std::memset(dst, 0x80, 32);   // a padding token: 0 (+ 128), its sums 0 exactly
+    for (int g = 0; g < ng; ++g) {
+      __m256i sad = zero;   // sum of the group's u8 bytes (x + 128), in four 64-bit lanes
+      for (int k = g * group; k < (g + 1) * group; k += 32) {
+        uint8_t* dst = d + int64_t(t / 2) * 2 * K + 2 * k + (t & 1) * 32;
+        // a padding token: 0 (its sums 0 exactly)
+        const __m256i v = t < M ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + int64_t(t) * K + k)) : bias;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_xor_si256(v, bias));   // x = (x + 128) ^ 0x80
+        sad = _mm256_add_epi64(sad, _mm256_sad_epu8(v, zero));
+      }
+      const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+      const int64_t su = _mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1);
+      cs[t * ng + g] = int32_t(128 * (su - 128 * int64_t(group)));   // 128 x the group's sum of x
     }
 }
 void vnni_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int group, void* I) {
@@ -155,20 +172,31 @@ void vnni_pack_act(const float* act, int M, int K, int group, void* out) {
 // M = 2 (0.98-1.00x) or at M = 3-4 (1.03x) were no better. A scratch build without the per-group
 // scaling (wrong sums; the int32 sums carried over the whole row) had shown its cost first: T = 4
 // 0.80x (Qwen3) / 0.85x (Mixtral), T = 1 0.95-0.97x; without the compensation vpdpbusd 0.90-1.00x.
-// Per group, four accumulators (less their rows' compensation) go through one tree into 8 int32 sums:
-// a row's four pairs (P = 4), two rows' two pairs (P = 2) or four rows' one pair (P = 1) -- 4 / P rows
-// per tree, R / (4 / P) trees.
+// The operands' roles are swapped here: the weights are the unsigned side (w ^ 0x80 = w + 128, one
+// vpxor per 32 bytes of a row, on any vector pipe) and the tokens the signed one, so that
+//     sum_k (w[k] + 128) x[k] = sum_k w[k] x[k] + 128 sum_k x[k],
+// a compensation per token and group that the pack computes once (vnni_pair_up), subtracted after the
+// tree from the 8 sums at once (one gather and one subtraction per group and tree), where the rows'
+// took a vpdpbusd per row and step and four subtractions per row and group. The int32 sums, so the
+// outputs, are bit-identical. Against the rows' compensation, the two builds' modules side by side,
+// two copies each (Zen 4, 2026-12-02, 7 rounds, weights from DRAM): Mixtral-8x7B T = 8 / 16 / 64
+// 0.95 / 0.93 / 0.93x the time, Qwen3-30B-A3B 0.96 / 0.95 / 0.92x; T = 2 and 4 within the noise
+// (0.97-1.03x). (On the AMX Xeon the same
+// swap in the ymm decode tiles had been slower, VnniKn's comment: there zmm vpdpbusd, conversions and
+// FMAs share one port; not measured there for these tiles.)
+// Per group, four accumulators go through one tree into 8 int32 sums: a row's four pairs (P = 4), two
+// rows' two pairs (P = 2) or four rows' one pair (P = 1) -- 4 / P rows per tree, R / (4 / P) trees.
 // Element j of a tree's result (vector i = j % 4 of its input, half h = j / 4) is row 4/P-group's
 // row i / P, token 2 (i % P) + h; after the permutation `nat` they are row-major, [4 / P rows][2P tokens].
 template <int R, int P, int PF>
 inline void vnni_tilep(const int8_t* const* w, const float* const* sw, const uint8_t* x, int64_t ldx,
-                       const float* sx, int ng, int valid, int kb0, int kb1, int group, float* c, int ldc,
-                       const int8_t* const* nxt) {
+                       const float* sx, const int32_t* cs, int ng, int valid, int kb0, int kb1, int group, float* c,
+                       int ldc, const int8_t* const* nxt) {
   static_assert(P == 1 || P == 2 || P == 4, "pairs per tile");
   constexpr int G = 4 / P;            // rows per tree
   static_assert(R % G == 0, "whole trees");
   constexpr int Q = R / G;            // trees
-  const __m256i bias = _mm256_set1_epi8(char(0x80));
+  const __m512i biasz = _mm512_set1_epi8(char(0x80));
   // the tokens' scales in the trees' element order, a padding token's read from the last real one's
   // (its sums are 0)
   const __m256i tok = P == 4 ? _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)
@@ -181,10 +209,8 @@ inline void vnni_tilep(const int8_t* const* w, const float* const* sw, const uin
   for (int k0 = kb0, gi = kb0 / group; k0 < kb1; k0 += group, ++gi) {
     if constexpr (PF == 2) prefetch_l2_rows<R>(nxt, k0 - kb0, group);
     __m512i acc[R][P];
-    __m256i comp[R];
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      comp[r] = _mm256_setzero_si256();
       #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_si512();
     }
@@ -194,21 +220,19 @@ inline void vnni_tilep(const int8_t* const* w, const float* const* sw, const uin
       for (int p = 0; p < P; ++p) xv[p] = _mm512_loadu_si512(x + 2 * p * ldx + 2 * k);
       #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const __m512i wz = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k)));
-        comp[r] = _mm256_dpbusd_epi32(comp[r], bias, _mm512_castsi512_si256(wz));
+        const __m512i wz = _mm512_xor_si512(
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k))), biasz);
         #pragma GCC unroll 4
-        for (int p = 0; p < P; ++p) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], xv[p], wz);
+        for (int p = 0; p < P; ++p) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], wz, xv[p]);
       }
     }
     const __m256 sxv = _mm256_i32gather_ps(sx + gi, sidx, 4);
+    const __m256i csv = _mm256_i32gather_epi32(cs + gi, sidx, 4);
     #pragma GCC unroll 4
     for (int q = 0; q < Q; ++q) {
       __m512i a[4];
       #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const int r = q * G + i / P;
-        a[i] = _mm512_sub_epi32(acc[r][i % P], _mm512_broadcast_i64x4(comp[r]));
-      }
+      for (int i = 0; i < 4; ++i) a[i] = acc[q * G + i / P][i % P];
       // per 128-bit lane L (token half 0: L = 0, 1; half 1: L = 2, 3), a[i]'s four ints summed into
       // element i of lane L
       const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
@@ -216,7 +240,7 @@ inline void vnni_tilep(const int8_t* const* w, const float* const* sw, const uin
       const __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
       // lanes 0 + 1 (half 0) and 2 + 3 (half 1)
       const __m512i v = _mm512_add_epi32(u, _mm512_shuffle_i64x2(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
-      const __m256i d = _mm512_castsi512_si256(_mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0)));
+      const __m256i d = _mm256_sub_epi32(_mm512_castsi512_si256(_mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0))), csv);
       __m256 swv;   // the rows' scales in the same order
       if constexpr (P == 4) {
         swv = _mm256_set1_ps(sw[q][gi]);
@@ -270,7 +294,8 @@ struct VnniKn {
     if constexpr (TT >= 2 && R % (TT > 2 ? 2 : 4) == 0) {
       if (M <= kTokTile) {   // the decode tiles of 2-4 tokens: pairs (t0 = 0, TT = M)
         constexpr int P = TT > 2 ? 2 : 1;
-        return vnni_tilep<R, P, PF>(w, sw, vnni_pairs(I, M, K, group), K, i8_s<uint8_t>(I, M, K), K / group, M,
+        return vnni_tilep<R, P, PF>(w, sw, vnni_pairs(I, M, K, group), K, i8_s<uint8_t>(I, M, K),
+                                    vnni_csum(I, M, K, group), K / group, M,
                                     kb0, kb1, group, c, ldc, nxt);
       }
     }
@@ -291,7 +316,8 @@ struct VnniKn {
                     int kb0, int kb1, int t0, float* c, int ldc) {
     const int ng = K / group;
     vnni_tilep<R, 4, 0>(w, sw, vnni_pairs(I, M, K, group) + int64_t(t0) * K, K,
-                        i8_s<uint8_t>(I, M, K) + int64_t(t0) * ng, ng, M - t0 < 8 ? M - t0 : 8, kb0, kb1, group, c,
+                        i8_s<uint8_t>(I, M, K) + int64_t(t0) * ng, vnni_csum(I, M, K, group) + int64_t(t0) * ng, ng,
+                        M - t0 < 8 ? M - t0 : 8, kb0, kb1, group, c,
                         ldc, nullptr);
   }
   static int wide_end(int M) { return wide_tokens(M); }
