@@ -99,7 +99,11 @@ void check(const AttnCall& c) {
 // A software prefetch GCC 12 keeps: after a rewrite of run_task's loop over the next chunk's records
 // (a lambda called per head), its __builtin_prefetch calls were gone from the object (no prefetch
 // instruction in the function; the cause was not pinned down). An asm statement cannot be dropped.
-inline void prefetch_line(const char* p) { __asm__ volatile("prefetcht0 %0" ::"m"(*p)); }
+// Into L1 (prefetcht0) or L2 (prefetcht1): AttnBlocking::prefetch_l2.
+inline void prefetch_line(const char* p, bool l2) {
+  if (l2) __asm__ volatile("prefetcht1 %0" ::"m"(*p));
+  else __asm__ volatile("prefetcht0 %0" ::"m"(*p));
+}
 
 inline const bf16_t* key_at(const AttnCall& c, const bf16_t* base, int64_t seq, int64_t tok, int64_t head,
                             int64_t blk, int b, int h, int j) {
@@ -151,6 +155,7 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
     }
   };
   const int row_bytes = d * int(sizeof(bf16_t));
+  const bool pf_l2 = mk.blocking.prefetch_l2;
   const int rec_bytes = t.nh > 1 && c.k_head == d ? t.nh * row_bytes : row_bytes;   // a token's record
   // A token stride other than d (the [num_blocks, block_size, h_kv, d] paged layout: rows h_kv * d
   // apart, 1 KiB for Qwen3) puts a chunk's rows into a few L1 sets: V, read once per 4-row block, and
@@ -169,14 +174,21 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
     // computed, every line of them, a share before each head's step. Measured on the AMX kernel, Qwen3
     // shapes, 4096 keys streamed from DRAM, contiguous / paged: every line 0.51 / 0.60 ms, the first
     // line of each row 0.65 / 0.66, none 0.67 / 0.69; shared over the heads (paged) 0.58-0.59 ms, all
-    // before the first head 0.61-0.62.
+    // before the first head 0.61-0.62. Into L1 there (AMX: prefetch_l2 false). On Zen 4 (32 KiB L1D;
+    // 2026-12-02, 2 threads, batch-1 decode, KV from DRAM, the builds' modules side by side in one
+    // process, 5 rounds) into L1 was the slowest choice for the AVX-512 and AVX2 kernels, whose chunk
+    // (32 keys x every head's K and V: 64 KiB for Qwen3-30B-A3B) does not fit L1: against it, into L2
+    // 0.82-0.97x the time (Qwen3-30B-A3B and Mixtral-8x7B, l = 1024 and 16384, paged and contiguous;
+    // AVX2 0.82-0.95x but one case at 1.04x), into L3 (prefetcht2) 0.82-0.96x, none 0.84-0.95x (the best paged, the worst
+    // contiguous). Tried and not kept there: chunks of 16 keys (0.97-1.08x); the staging copy as
+    // fixed 32-byte moves instead of a memcpy call per row (1.03-1.06x the time, both prefetching into L2).
     const int nn = std::min(KC, t.k1 - j0 - KC);
     if (nn > 0) rows_of(t.h, j0 + KC, nn, s.kn.data(), s.vn.data());
     auto prefetch_next = [&](int hh) {
       for (int j = hh * nn / t.nh; j < (hh + 1) * nn / t.nh; ++j)
         for (int off = 0; off < rec_bytes; off += 64) {
-          prefetch_line(reinterpret_cast<const char*>(s.kn[j]) + off);
-          prefetch_line(reinterpret_cast<const char*>(s.vn[j]) + off);
+          prefetch_line(reinterpret_cast<const char*>(s.kn[j]) + off, pf_l2);
+          prefetch_line(reinterpret_cast<const char*>(s.vn[j]) + off, pf_l2);
         }
     };
     if (stage_k || stage_v) {   // rows of a strided cache: copied once into dense buffers (see above),

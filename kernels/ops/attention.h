@@ -64,6 +64,8 @@ struct AttnBlocking {
   bool stage_strided;  // copy the rows of a strided (token-major) cache into dense buffers first: a
                        // kernel that reads a row more than once wants them (L1 sets, see run_task);
                        // AMX's tile loads take the stride and read each row once, so do not
+  bool prefetch_l2;    // the next chunk's lines prefetched into L2 (prefetcht1), else into L1 (t0):
+                       // see run_task
 };
 
 struct AttnMicroKernel {

@@ -180,10 +180,10 @@ void unpack_o(const float* O, int d, float scale, float* out) {
 
 #if defined(HINA_EMU_AVX512)
 const AttnMicroKernel attn_microkernel_avx512{
-    "avx512-emulated", nullptr, {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/true}, pack_q, scores, softmax_step, pv, unpack_o};
+    "avx512-emulated", nullptr, {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/true, /*prefetch_l2=*/true}, pack_q, scores, softmax_step, pv, unpack_o};
 #else
 const AttnMicroKernel attn_microkernel_avx512{
-    "avx512", "avx512", {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/true}, pack_q, scores, softmax_step, pv, unpack_o};
+    "avx512", "avx512", {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/true, /*prefetch_l2=*/true}, pack_q, scores, softmax_step, pv, unpack_o};
 #endif
 
 }  // namespace hina
