@@ -179,12 +179,17 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
     // process, 5 rounds) into L1 was the slowest choice for the AVX-512 and AVX2 kernels, whose chunk
     // (32 keys x every head's K and V: 64 KiB for Qwen3-30B-A3B) does not fit L1: against it, into L2
     // 0.82-0.97x the time (Qwen3-30B-A3B and Mixtral-8x7B, l = 1024 and 16384, paged and contiguous;
-    // AVX2 0.82-0.95x but one case at 1.04x), into L3 (prefetcht2) 0.82-0.96x, none 0.84-0.95x (the best paged, the worst
-    // contiguous). Tried and not kept there: chunks of 16 keys (0.97-1.08x); the staging copy as
-    // fixed 32-byte moves instead of a memcpy call per row (1.03-1.06x the time, both prefetching into L2).
+    // AVX2 0.82-0.95x, one case 1.04x), into L3 (prefetcht2) 0.82-0.96x, none 0.84-0.95x (the best
+    // paged, the worst contiguous). Tried and not kept there: chunks of 16 keys (0.97-1.08x); the
+    // staging copy as fixed 32-byte moves instead of a memcpy call per row (1.03-1.06x the time).
+    // A chunk that is staged (strided rows copied first, see above: the paged cache) prefetches
+    // nothing: the copy reads the records in address order, a block's tokens contiguous, and against
+    // the L2 prefetch Qwen3 / Mixtral paged l = 1024, 4096, 16384 took 0.94-0.96x the time (AVX-512),
+    // 0.95-1.00x (AVX2).
     const int nn = std::min(KC, t.k1 - j0 - KC);
     if (nn > 0) rows_of(t.h, j0 + KC, nn, s.kn.data(), s.vn.data());
     auto prefetch_next = [&](int hh) {
+      if (stage_k || stage_v) return;   // a staged chunk: no prefetch (above)
       for (int j = hh * nn / t.nh; j < (hh + 1) * nn / t.nh; ++j)
         for (int off = 0; off < rec_bytes; off += 64) {
           prefetch_line(reinterpret_cast<const char*>(s.kn[j]) + off, pf_l2);
