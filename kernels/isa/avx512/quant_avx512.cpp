@@ -86,9 +86,8 @@ inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint
 // every 2 rows). Per group, each row's 4 accumulators are summed across their lanes at once, in
 // int32, exactly (a tree of unpacks and adds: 8 token sums in one ymm, in the order 0 2 4 6 1 3 5 7),
 // less the tokens' compensation (the roles of the operands are swapped in these tiles: below), then
-// converted once and scaled by
-// the 8 tokens' scales (one gather) and the row's: three vector instructions per row and group
-// where vnni_tile takes three per (row, token). The int32 group sums are exact, so this tile and
+// converted once and scaled by the 8 tokens' scales (one gather) and the row's: three vector
+// instructions per row and group where vnni_tile takes three per (row, token). The int32 group sums are exact, so this tile and
 // vnni_tile differ only in the fp32 rounding of the scaling (vnni_tile scales per lane): a token's
 // output depends on whether its expert's M puts it in a pair tile (this one, or vnni_tilep's decode
 // tiles of 2-4 tokens below; M = 1 and 5: never), not bit for bit batch-invariant (the INT8 kernels do
@@ -181,9 +180,9 @@ void vnni_pack_act(const float* act, int M, int K, int group, void* out) {
 // outputs, are bit-identical. Against the rows' compensation, the two builds' modules side by side,
 // two copies each (Zen 4, 2026-12-02, 7 rounds, weights from DRAM): Mixtral-8x7B T = 8 / 16 / 64
 // 0.95 / 0.93 / 0.93x the time, Qwen3-30B-A3B 0.96 / 0.95 / 0.92x; T = 2 and 4 within the noise
-// (0.97-1.03x). (On the AMX Xeon the same
-// swap in the ymm decode tiles had been slower, VnniKn's comment: there zmm vpdpbusd, conversions and
-// FMAs share one port; not measured there for these tiles.)
+// (0.97-1.03x). (On the AMX Xeon the same swap in the ymm decode tiles had been slower, VnniKn's
+// comment: there zmm vpdpbusd, conversions and FMAs share one port; not measured there for these
+// tiles.)
 // Per group, four accumulators go through one tree into 8 int32 sums: a row's four pairs (P = 4), two
 // rows' two pairs (P = 2) or four rows' one pair (P = 1) -- 4 / P rows per tree, R / (4 / P) trees.
 // Element j of a tree's result (vector i = j % 4 of its input, half h = j / 4) is row 4/P-group's
@@ -295,8 +294,7 @@ struct VnniKn {
       if (M <= kTokTile) {   // the decode tiles of 2-4 tokens: pairs (t0 = 0, TT = M)
         constexpr int P = TT > 2 ? 2 : 1;
         return vnni_tilep<R, P, PF>(w, sw, vnni_pairs(I, M, K, group), K, i8_s<uint8_t>(I, M, K),
-                                    vnni_csum(I, M, K, group), K / group, M,
-                                    kb0, kb1, group, c, ldc, nxt);
+                                    vnni_csum(I, M, K, group), K / group, M, kb0, kb1, group, c, ldc, nxt);
       }
     }
     const uint8_t* x[TT];
@@ -317,8 +315,7 @@ struct VnniKn {
     const int ng = K / group;
     vnni_tilep<R, 4, 0>(w, sw, vnni_pairs(I, M, K, group) + int64_t(t0) * K, K,
                         i8_s<uint8_t>(I, M, K) + int64_t(t0) * ng, vnni_csum(I, M, K, group) + int64_t(t0) * ng, ng,
-                        M - t0 < 8 ? M - t0 : 8, kb0, kb1, group, c,
-                        ldc, nullptr);
+                        M - t0 < 8 ? M - t0 : 8, kb0, kb1, group, c, ldc, nullptr);
   }
   static int wide_end(int M) { return wide_tokens(M); }
   static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row) * lds; }
