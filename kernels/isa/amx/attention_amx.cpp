@@ -232,8 +232,7 @@ inline void p_image(const float* P, int lds, int rows, int nk, bf16_t* Pb) {
   for (int r = 0; r < rows; ++r)
     for (int j = 0; j < 32; ++j) Pb[r * 32 + j] = j < nk ? f32_to_bf16(P[int64_t(r) * lds + j]) : bf16_t(0);
 #else
-  const __mmask16 m0 = nk >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nk) - 1);
-  const __mmask16 m1 = nk >= 32 ? __mmask16(0xFFFF) : nk <= 16 ? __mmask16(0) : __mmask16((1u << (nk - 16)) - 1);
+  const __mmask16 m0 = vec512::first_lanes(nk), m1 = vec512::first_lanes(nk - 16);
   for (int r = 0; r < rows; ++r) {
     const float* p = P + int64_t(r) * lds;
     const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, p + 16), _mm512_maskz_loadu_ps(m0, p));

@@ -54,7 +54,7 @@
 
 #include "glue.h"
 #if !defined(HINA_EMU_AMX)
-#include "isa/avx512/attention_vec512.h"   // vec512::exp2_ps (tiles.h brought <immintrin.h>)
+#include "isa/avx512/attention_vec512.h"   // vec512::exp2_ps, bf16_16 (tiles.h brought <immintrin.h>)
 #endif
 
 namespace hina {
@@ -256,14 +256,6 @@ void store_act_tiles(void* act, int act_K, int n0, int n, int m0, int M, const f
   store_act_block<Amx>(act, act_K, n0, n, m0, M, g, u, ldg);
 }
 #else
-// f32_to_bf16 on 16 lanes: round to nearest even, NaN kept quiet; the bf16 in the low half.
-inline __m512i bf16_16(__m512 v) {
-  const __m512i b = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40)));
-}
 inline __m512 silu_mul16(__m512 g, __m512 u) {
   // exp(-g) = 2^(-g log2 e); above 2^127 (g < -88) the quotient is ~0 either way, and exp2_ps does
   // not clamp that side
@@ -284,7 +276,7 @@ void store_act_tiles(void* act, int act_K, int n0, int n, int m0, int M, const f
       const float* u0 = u + int64_t(j) * ldg + m - mi;
       const __m512 a = silu_mul16(_mm512_maskz_loadu_ps(k, g0), _mm512_maskz_loadu_ps(k, u0));
       const __m512 b = silu_mul16(_mm512_maskz_loadu_ps(k, g0 + ldg), _mm512_maskz_loadu_ps(k, u0 + ldg));
-      const __m512i w = _mm512_or_si512(bf16_16(a), _mm512_slli_epi32(bf16_16(b), 16));
+      const __m512i w = _mm512_or_si512(vec512::bf16_16(a), _mm512_slli_epi32(vec512::bf16_16(b), 16));
       _mm512_mask_storeu_epi32(dst + bf16_b_pair_index(m0 + m - mi, pair, KB), k, w);
       m += cnt;
     }

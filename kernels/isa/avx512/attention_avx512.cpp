@@ -33,6 +33,7 @@
 namespace hina {
 namespace {
 
+using vec512::first_lanes;
 using vec512::hsum16;
 using vec512::hsum16x16;
 using vec512::softmax_step;
@@ -154,21 +155,12 @@ inline void pv_rows(const uint32_t* pp, int npairs, const bf16_t* const* vals, i
   }
 }
 
-// 32 floats (a: the first 16, b: the next) -> 32 bf16 in order, f32_to_bf16's steps (round to nearest
-// even, NaN kept quiet) on 16 lanes each, then the high halves gathered by one vpermt2w: the same bits
-// as the scalar form (not vcvtne2ps2bf16: it treats denormal inputs as zero, and SIMDe lacks it)
-inline __m512i rne_hi(__m512 f) {   // each lane's bf16 in its high 16 bits
-  const __m512i u = _mm512_castps_si512(f);
-  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                                         _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
-  const __mmask16 nan = _mm512_cmpge_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800001));
-  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x00400000)));
-}
+// 32 floats (a: the first 16, b: the next) -> 32 bf16 in order: vec512::bf16_16 on each, the low
+// halves gathered by one vpermt2w
 inline __m512i bf16x32(__m512 a, __m512 b) {
-  const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
-                                       31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  return _mm512_permutex2var_epi16(rne_hi(a), odd, rne_hi(b));
+  const __m512i even = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32,
+                                        30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  return _mm512_permutex2var_epi16(vec512::bf16_16(a), even, vec512::bf16_16(b));
 }
 
 void pv(const float* P, int lds, int nrows, const bf16_t* const* vals, int nkeys, int d, float* O) {
@@ -186,11 +178,9 @@ void pv(const float* P, int lds, int nrows, const bf16_t* const* vals, int nkeys
       for (int j0 = 0; j0 < nkeys; j0 += 32) {
         const float* p = P + int64_t(r0 + r) * lds + j0;
         const int n = nkeys - j0 < 32 ? nkeys - j0 : 32;
-        const __mmask16 mlo = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
-        const __mmask16 mhi = n <= 16 ? __mmask16(0) : n >= 32 ? __mmask16(0xFFFF) : __mmask16((1u << (n - 16)) - 1);
-        const __m512i b = bf16x32(_mm512_maskz_loadu_ps(mlo, p), _mm512_maskz_loadu_ps(mhi, p + 16));
-        const int np = (n + 1) / 2;
-        _mm512_mask_storeu_epi32(pp + r * npairs + j0 / 2, np >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << np) - 1), b);
+        const __m512i b = bf16x32(_mm512_maskz_loadu_ps(first_lanes(n), p),
+                                  _mm512_maskz_loadu_ps(first_lanes(n - 16), p + 16));
+        _mm512_mask_storeu_epi32(pp + r * npairs + j0 / 2, first_lanes((n + 1) / 2), b);
       }
     float* o = O + int64_t(r0) * d;
     switch (R) {

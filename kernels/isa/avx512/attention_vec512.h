@@ -1,7 +1,7 @@
 // The AVX-512 vector steps the attention micro-kernels share: the AVX-512 BF16 kernel
 // (attention_avx512.cpp, real and SIMDe-emulated) and the AMX kernel's non-tile steps
-// (attention_amx.cpp: every AMX CPU has AVX-512 BF16). exp2_ps also serves the AMX FFN kernel's
-// SiLU (microkernel_amx.cpp). The including file brings the intrinsics
+// (attention_amx.cpp: every AMX CPU has AVX-512 BF16). exp2_ps and bf16_16 also serve the AMX FFN
+// kernel's SiLU store (microkernel_amx.cpp). The including file brings the intrinsics
 // (<immintrin.h> or SIMDe's), so this header works under both.
 #pragma once
 
@@ -46,6 +46,22 @@ __attribute__((always_inline)) inline __m512 hsum16x16(const __m512 (&v)[16]) {
   }
   return _mm512_add_ps(_mm512_shuffle_ps(h2[0], h2[1], 0x88),  // [j] + [j + 1]
                        _mm512_shuffle_ps(h2[0], h2[1], 0xDD));
+}
+
+// f32_to_bf16 (numeric.h) on 16 lanes: round to nearest even, NaN kept quiet; the bf16 in each lane's
+// low half. The same bits as the scalar form (vcvtne2ps2bf16 treats denormal inputs as zero, and
+// SIMDe lacks it). Also the AMX FFN kernel's store (microkernel_amx.cpp).
+inline __m512i bf16_16(__m512 v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40)));
+}
+
+// The first n of 16 lanes (n <= 0: none, n >= 16: all).
+inline __mmask16 first_lanes(int n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
 }
 
 // 2^x: round to nearest, degree-6 polynomial on [-1/2, 1/2] (rel. error ~1e-7); x below -126 (and a
