@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "numeric.h"
 #include "quant.h"
@@ -59,12 +60,11 @@ struct QBlocking {
 
 template <int N> struct IntC { static constexpr int value = N; };
 
-// A kernel with a tile of 8 tokens (Kn::kWideRows rows; Kn::tile8<R>(w, sw, I, M, K, group, kb0, kb1, t0,
-// c, ldc), R = kWideRows or 1, which stores only tokens < M) takes the blocked path's tokens
-// [0, Kn::wide_end(M)) with it in tiles of 8 (wide_end may round M up: padding tokens), kWideRows rows per
-// row tile; the tokens after wide_end keep Kn::tile.
-template <class Kn, class = void> struct WideRows { static constexpr int value = 0; };
-template <class Kn> struct WideRows<Kn, decltype(void(Kn::kWideRows))> { static constexpr int value = Kn::kWideRows; };
+// A kernel with wide tiles (Kn::wide_rows(M) rows x all M tokens, 0: none for this M; Kn::tile_wide(w,
+// sw, nr, I, M, K, group, kb0, kb1, c, ldc), nr <= wide_rows(M)) takes the blocked path (M > kTokTile)
+// with them where wide_rows(M) > 0.
+template <class Kn, class = void> struct HasWide : std::false_type {};
+template <class Kn> struct HasWide<Kn, decltype(void(Kn::wide_rows(0)))> : std::true_type {};
 
 // An L2 prefetch of `bytes` from each of the R rows p[r] + off (the next tile's slice of a group).
 template <int R>
@@ -187,7 +187,7 @@ void f8_pack_act(const float* act, int M, int K, int, void* out) {
 // kb (the tokens' slice of a block stays in L1/L2 while every row tile passes over it; each W byte is
 // read once). R rows per tile (a tail of n % R rows one at a time); with PF, each tile prefetches the
 // next tile's rows while it streams (decode only: one token tile per row tile).
-template <class Kn, int R, int PF, bool kWide = false>
+template <class Kn, int R, int PF>
 void rows_tokens(const int8_t* const* rows, const float* const* srows, int n, const void* I, int M, int K,
                  int group, int kb, float* c) {
   const int nblk = (K + 127) / 128;
@@ -223,9 +223,6 @@ void rows_tokens(const int8_t* const* rows, const float* const* srows, int n, co
         }
       }
       int t = 0;
-      if constexpr (kWide)
-        for (const int tw = Kn::wide_end(M); t < tw; t += 8)
-          Kn::template tile8<RR>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M);
       for (; t + kTokTile <= M; t += kTokTile)
         Kn::template tile<RR, kTokTile, 0>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M, nullptr);
       switch (M - t) {
@@ -237,6 +234,19 @@ void rows_tokens(const int8_t* const* rows, const float* const* srows, int n, co
     };
     for (; r + R <= n; r += R) row_tile(IntC<R>{});
     for (; r < n; ++r) row_tile(IntC<1>{});
+  }
+}
+
+// The same with a kernel's wide tiles: R = wide_rows(M) rows at a time, the last nr <= R.
+template <class Kn>
+void rows_wide(const int8_t* const* rows, const float* const* srows, int n, const void* I, int M, int K,
+               int group, int kb, float* c) {
+  const int R = Kn::wide_rows(M);
+  for (int64_t i = 0; i < int64_t(n) * M; ++i) c[i] = 0.f;
+  for (int kb0 = 0; kb0 < K; kb0 += kb) {
+    const int kb1 = kb0 + kb < K ? kb0 + kb : K;
+    for (int r = 0; r < n; r += R)
+      Kn::tile_wide(rows + r, srows + r, n - r < R ? n - r : R, I, M, K, group, kb0, kb1, c + int64_t(r) * M, M);
   }
 }
 
@@ -255,8 +265,8 @@ void mm(const int8_t* const* rows, const float* const* srows, int n, const void*
       // contiguous stream and its tile is re-read from L1/L2 by the next token tiles; more tokens: K in
       // blocks of 1024, the tokens' slice of a block in L1/L2.
       const int kb = int64_t(M) * K <= kWholeK ? K : 1024;
-      if constexpr (WideRows<Kn>::value != 0)
-        if (Kn::wide_end(M) > 0) return rows_tokens<Kn, WideRows<Kn>::value, 0, true>(rows, srows, n, I, M, K, group, kb, c);
+      if constexpr (HasWide<Kn>::value)
+        if (Kn::wide_rows(M) != 0) return rows_wide<Kn>(rows, srows, n, I, M, K, group, kb, c);
       return rows_tokens<Kn, B.rows[0], 0>(rows, srows, n, I, M, K, group, kb, c);
     }
   }
@@ -272,8 +282,8 @@ inline int spread_pos(int u, int U, int per) {
 template <class Kn>
 int tile_rows(int M) {
   if (M <= kTokTile) return Kn::kBlocking.rows[M];
-  if constexpr (WideRows<Kn>::value != 0)
-    if (Kn::wide_end(M) > 0) return WideRows<Kn>::value;
+  if constexpr (HasWide<Kn>::value)
+    if (Kn::wide_rows(M) != 0) return Kn::wide_rows(M);
   return Kn::kBlocking.rows[0];
 }
 

@@ -118,10 +118,11 @@ def test_quant_kernel_matches_the_quantized_reference(isa, scheme, g, T):
 
 
 @pytest.mark.parametrize("isa", INT8_ISAS)
-@pytest.mark.parametrize("T", [1, 4, 5])
+@pytest.mark.parametrize("T", [1, 4, 5, 12])
 def test_int8_group32_with_an_odd_number_of_groups(isa, T):
     """Group 32 and K an odd multiple of 32 (H = 1056: 33 groups, a last K block of one group past
-    1024; I = 96): every INT8 path, whatever width its steps take, ends such a row on one group."""
+    1024; I = 96): every INT8 path, whatever width its steps take, ends such a row on one group (the
+    AVX-512 outer-product tiles at T = 12: a last transpose of 32 bytes, half a zmm per row)."""
     _check_kernel("int8", 32, E=2, H=1056, I=96, T=T, k=2, isa=isa)
 
 
@@ -137,12 +138,20 @@ def test_int8_one_expert_with_two_to_four_tokens(isa, g, T):
 
 @pytest.mark.parametrize("isa", INT8_ISAS)
 @pytest.mark.parametrize("g", [32, 64, 128])
-@pytest.mark.parametrize("T", [6, 8, 13, 14, 16, 23])
+@pytest.mark.parametrize("T", [5, 6, 8, 9, 13, 16, 23, 40])
 def test_int8_one_expert_with_many_tokens(isa, g, T):
-    """One expert takes all T tokens: the blocked tiles, with the AVX-512 kernel's 8-token tiles (two
-    tokens per zmm, the group sums reduced across lanes in int32), a last one padded (T = 6, 14, 23)
-    or the 4-, 3-, 2- and 1-token tiles after them over the same rows (T = 13)."""
+    """One expert takes all T tokens: the blocked tiles; on AVX-512 VNNI the 4- and 1-token tiles (T =
+    5), the 8-token pair tiles (two tokens per zmm, the group sums reduced across lanes in int32; T = 6
+    padded to 8, and 8), and from 9 tokens the outer-product tiles over 16 transposed rows, 8 tokens
+    at a time and then the 1 to 7 left (T = 9, 13, 23, 40)."""
     _check_kernel("int8", g, E=1, H=256, I=384, T=T, k=1, isa=isa)
+
+
+@pytest.mark.parametrize("isa", INT8_ISAS)
+def test_int8_many_tokens_with_k_in_blocks(isa):
+    """M x K past the kernels' whole-K limit (70 tokens x I = 4096 in the down projection: K in blocks
+    of 1024, each row's sums carried across the blocks)."""
+    _check_kernel("int8", 128, E=1, H=256, I=4096, T=70, k=1, isa=isa)
 
 
 @pytest.mark.parametrize("isa", FP8_ISAS)

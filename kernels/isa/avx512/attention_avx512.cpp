@@ -19,6 +19,7 @@
 #if defined(HINA_EMU_AVX512)
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
+#include "emu/simde_masked.h"
 #else
 #include <immintrin.h>
 #endif

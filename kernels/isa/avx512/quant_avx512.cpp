@@ -18,6 +18,7 @@
 #if defined(HINA_EMU_AVX512)
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
+#include "emu/simde_masked.h"
 #else
 #include <immintrin.h>
 #endif
@@ -77,47 +78,56 @@ inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint
     for (int t = 0; t < TT; ++t) c[r * ldc + t] += hsum8(accf[r][t]);
 }
 
-// Eight tokens at once (the blocked path's token tiles, M >= 6: which tokens, below): two tokens per
-// zmm, token 2p's 32 bytes of a step in the low half and 2p + 1's in the high half (one load: the
-// pack's pairs, below), the row's 32 bytes broadcast to both, so one 512-bit vpdpbusd serves a row and
-// two tokens. R x 4 zmm accumulators: R = 4 rows x 8 tokens per tile, where vnni_tile takes 2 x 4 --
-// each 32 bytes of W loaded serves 8 tokens, each of the tokens' 32 bytes 4 rows (the down
-// projection's 4 x 14336-byte token slices do not stay in L1: the old tile re-read them from L2 for
-// every 2 rows). Per group, each row's 4 accumulators are summed across their lanes at once, in
-// int32, exactly (a tree of unpacks and adds: 8 token sums in one ymm, in the order 0 2 4 6 1 3 5 7),
-// less the tokens' compensation (the roles of the operands are swapped in these tiles: below), then
-// converted once and scaled by the 8 tokens' scales (one gather) and the row's: three vector
-// instructions per row and group where vnni_tile takes three per (row, token). The int32 group sums are exact, so this tile and
-// vnni_tile differ only in the fp32 rounding of the scaling (vnni_tile scales per lane): a token's
-// output depends on whether its expert's M puts it in a pair tile (this one, or vnni_tilep's decode
-// tiles of 2-4 tokens below; M = 1 and 5: never), not bit for bit batch-invariant (the INT8 kernels do
-// not claim it; the BF16 kernels do).
-// Measured on Zen 4 (2026-12-02, 2 threads, same-experts routing, the builds' modules loaded side by
-// side and called alternately, 7 rounds x 3 calls, medians), time against the 2 x 4 tiles before:
-//   Mixtral-8x7B T = 8 / 16 / 64: 0.67 / 0.65-0.68 / 0.62-0.75x with the pairs put together by
-//   vinserti64x4, 0.64 / 0.62 / 0.70x with the pack's pairs; Qwen3-30B-A3B 0.71 / 0.76 / 0.77x.
-// K in blocks for these tiles (the 8 tokens' slice in L1 instead of L2) was slower: 4096 / 2048 / 1024
-// 0.97-1.10 / 1.00-1.22 / 1.04-1.42x of K whole. Tried and not kept: the compensation's lanes summed once
-// per row and group by a row tile's first token tile, kept in a per-thread buffer and subtracted after
-// the tree by the others, which then skip its vpdpbusd (bit-identical): against this tile, two copies
-// of each alternated, Mixtral T = 8 / 16 / 64 0.97 / 0.98 / 0.99x, Qwen3-30B-A3B 1.06 / 0.98 / 1.02x --
-// within the noise, so the compensation is not what limits these tiles.
-// The packed tokens (quant_glue.h's int8 operand: uint8 rows, then the scales) and, for the pair
-// tiles, their tokens again in pairs, signed (x itself, not x + 128): pair p's 32-byte steps of token
-// 2p and 2p + 1 alternate ([K / 32][2][32]), so that a step of a pair is one 64-byte load; then, per
-// paired token and group, 128 x the group's sum of x (int32). The 8-token tiles take every whole 8
-// tokens, and the last 6 or 7 too, padded to 8 with zero tokens (their sums are 0 exactly and their
-// outputs are not stored); 1 to 5 left over take vnni_tile. Against the 4-token tiles for what is left
-// (the modules side by side, 9 rounds, two copies of each setting; Zen 4, 2026-12-02), Mixtral-8x7B
-// M = 6 / 7 / 15 0.79 / 0.72 / 0.85-0.90x the time, Qwen3-30B-A3B 0.90-1.01 / 0.87-0.93 / 0.82-0.87x;
-// 5 left over (M = 5 / 13) was 0.83-0.95 / 1.03-1.06x (Mixtral) and 1.07-1.14 / 1.01-1.03x (Qwen3).
-constexpr int kWidePad = 6;   // the last 6 or 7 tokens: an 8-token tile with 2 or 1 padding tokens
-inline int wide_tokens(int M) {
-  const int full = M & ~7;
-  return M - full >= kWidePad ? full + 8 : full;
+// The blocked path (more than kTokTile tokens), by M (VnniKn::wide_rows / tile_wide):
+//
+// 6 to 8 tokens: pair tiles of 8 tokens x 4 rows (vnni_tilep below, P = 4): two tokens per zmm, token
+// 2p's 32 bytes of a step in the low half and 2p + 1's in the high half (one load: the pack's pairs),
+// the row's 32 bytes broadcast to both, so one 512-bit vpdpbusd serves a row and two tokens; per group
+// each row's 4 accumulators are summed across their lanes at once, in int32 (a tree of unpacks and
+// adds), less the tokens' compensation, converted and scaled. 6 or 7 tokens are padded to 8 with zero
+// tokens (their sums are 0 exactly and their outputs are not stored); 5 take kBlocking's 4- and 1-token
+// tiles. Against the 2 x 4 ymm tiles before them (Zen 4, 2026-12-02, 2 threads, same-experts routing,
+// the builds' modules side by side in one process): Mixtral-8x7B T = 8 0.64x the time, Qwen3-30B-A3B
+// 0.71x; M = 6 / 7 0.72-1.01x of 4-token tiles.
+//
+// 9 tokens and more (vnni_wide): the weights transposed on the fly, 16 rows x 128 bytes at a time (one
+// to four groups) into a 2 KiB buffer in L1 -- zmm j = dword j (bytes 4j..4j+3) of the 16 rows, made
+// unsigned (w ^ 0x80) -- and each token's 4 bytes broadcast against it (vpdpbusd's m32bcst operand:
+// the signed side, x itself), so that one vpdpbusd makes 16 rows x 4 products of one token, lane i
+// accumulating row i: an outer product, no horizontal sums. Per group and token the 16 int32 sums less
+// the token's compensation are converted and scaled by the rows' scales (one vector per group,
+// transposed once per block of K) times the token's, into fp32 sums in L1. The transpose (4 x 16
+// unpacks and lane shuffles per 1 KiB of W) is shared by all M tokens, where the pair tiles spend a
+// tree, a conversion and two scalings per row, group and 8 tokens. Transient and cache-resident, as the
+// FP8 kernels' unpacked blocks: nothing persistent is repacked (the weights stay the framework's rows).
+// Against the pair tiles, for every M > 4 first (Zen 4, 2026-12-02, 2 threads, same-experts routing,
+// weights streamed from DRAM, the builds' modules side by side in one process, two copies of the old
+// build, 5 rounds x 3 calls, medians): Mixtral-8x7B M = 5 / 8 / 12 / 16 / 64 0.78 / 1.04 / 0.77 /
+// 0.83-0.86 / 0.64-0.69x the time, Qwen3-30B-A3B 1.13-1.19 / 1.04-1.10 / 0.80 / 0.80-0.87 /
+// 0.74-0.79x: below 9 tokens the transpose is not paid back (at M = 5 it costs about as much as the
+// vpdpbusd), so up to 8 the pair tiles stay, in their own 4-row tiles (wide_rows: run as 4-row pieces
+// of vnni_wide's 16-row blocks, spread 16 apart, they were 1.1-1.6x slower). As built (same method):
+// M = 5 / 8 0.97-1.00x, M = 9 0.94-0.95x (Mixtral) / 1.01-1.06x (Qwen3), M = 16 0.85-0.87x. From L3
+// (one 2048 x 768 expert) the outer form reaches ~1.4x the pair tiles' rate at M >= 16. Tried, no
+// change beyond the noise: an L2 prefetch distance of 256 or 1024 bytes instead of 512 (without it:
+// 1.05-1.08x the time), 256- or 512-byte chunks, the rows of a block adjacent instead of spread, the
+// prefetch into L1, the rows' scales prefetched. GCC 12 compiled the intrinsic form of the broadcast
+// vpdpbusd into a vpbroadcastd and two register copies of every accumulator per step: dpbusd_bcast
+// writes the instruction.
+//
+// The packed tokens (quant_glue.h's int8 operand: uint8 rows x + 128, then the scales), then the tokens
+// again, signed (x itself), for the tiles that take them -- the pair tiles' (a decode expert's 2-4, 3
+// padded to 4; the 8-token tiles' 8, 6-7 padded to 8) in pairs: pair p's 32-byte steps of tokens 2p and
+// 2p + 1 alternate ([K / 32][2][32]), one 64-byte load per step; vnni_wide's (M > 8) in rows [M][K] --
+// then, per such token and group, 128 x the group's sum of x (int32).
+constexpr int kPairMax = 8;   // the most tokens the pair tiles take; more: vnni_wide
+inline bool vnni_rows(int M) { return M > kPairMax; }
+inline int wide_tokens(int M) {   // the 8-token pair tiles' tokens at M = 5..8 (6 or 7: padded to 8)
+  return M >= 6 ? 8 : 0;
 }
-// the tokens the pack lays out in pairs: the 8-token tiles', or all of a decode expert's 2-4 (3: one padding)
-inline int pair_tokens(int M) { return M <= kTokTile ? (M >= 2 ? (M + 1) & ~1 : 0) : wide_tokens(M); }
+inline int pair_tokens(int M) {
+  return vnni_rows(M) ? M : M > kTokTile ? wide_tokens(M) : M >= 2 ? (M + 1) & ~1 : 0;
+}
 inline size_t vnni_pairs_at(int M, int K, int group) { return a64(i8_packed_bytes<uint8_t>(M, K, group)); }
 inline size_t vnni_csum_at(int M, int K, int group) { return a64(vnni_pairs_at(M, K, group) + size_t(pair_tokens(M)) * K); }
 size_t vnni_packed_bytes(int M, int K, int group) {
@@ -133,6 +143,7 @@ void vnni_pair_up(void* I, int M, int K, int group) {
   const uint8_t* q = static_cast<const uint8_t*>(I);
   uint8_t* d = const_cast<uint8_t*>(vnni_pairs(I, M, K, group));
   const int tw = pair_tokens(M);
+  const bool rows = vnni_rows(M);
   int32_t* cs = const_cast<int32_t*>(vnni_csum(I, M, K, group));
   const int ng = K / group;
   const __m256i bias = _mm256_set1_epi8(char(0x80)), zero = _mm256_setzero_si256();
@@ -140,7 +151,7 @@ void vnni_pair_up(void* I, int M, int K, int group) {
     for (int g = 0; g < ng; ++g) {
       __m256i sad = zero;   // sum of the group's u8 bytes (x + 128), in four 64-bit lanes
       for (int k = g * group; k < (g + 1) * group; k += 32) {
-        uint8_t* dst = d + int64_t(t / 2) * 2 * K + 2 * k + (t & 1) * 32;
+        uint8_t* dst = rows ? d + int64_t(t) * K + k : d + int64_t(t / 2) * 2 * K + 2 * k + (t & 1) * 32;
         // a padding token: 0 (its sums 0 exactly)
         const __m256i v = t < M ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + int64_t(t) * K + k)) : bias;
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_xor_si256(v, bias));   // x = (x + 128) ^ 0x80
@@ -158,6 +169,142 @@ void vnni_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, 
 void vnni_pack_act(const float* act, int M, int K, int group, void* out) {
   i8_pack_act<uint8_t, 128>(act, M, K, group, out);
   vnni_pair_up(out, M, K, group);
+}
+
+// Dwords [d, d + n) (n <= 16) of the 16 rows p[i] (as bytes), transposed: out[j] = dword d + j of rows
+// 0..15 (lane i: row i), out[j] for j >= n 0; XOR-ed with `flip`. Three stages: dwords of row pairs,
+// qwords of row quads, 128-bit lanes.
+inline void transpose16(const void* const* p, int64_t d, int n, __m512i flip, __m512i* out) {
+  const __mmask16 m = __mmask16((1u << n) - 1);
+  __m512i r[16], t[16], u[16];
+  #pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_maskz_loadu_epi32(m, static_cast<const int32_t*>(p[i]) + d);
+  #pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {   // per lane L: [r2i[4L], r2i+1[4L], r2i[4L+1], r2i+1[4L+1]], then 4L+2, 4L+3
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  #pragma GCC unroll 4
+  for (int a = 0; a < 4; ++a) {   // u[4a + b] lane L: dword 4L + b of rows 4a..4a+3
+    u[4 * a + 0] = _mm512_unpacklo_epi64(t[4 * a], t[4 * a + 2]);
+    u[4 * a + 1] = _mm512_unpackhi_epi64(t[4 * a], t[4 * a + 2]);
+    u[4 * a + 2] = _mm512_unpacklo_epi64(t[4 * a + 1], t[4 * a + 3]);
+    u[4 * a + 3] = _mm512_unpackhi_epi64(t[4 * a + 1], t[4 * a + 3]);
+  }
+  #pragma GCC unroll 4
+  for (int b = 0; b < 4; ++b) {   // lane L of rows 0-3, 4-7, 8-11, 12-15 together: dword 4L + b
+    const __m512i v0 = _mm512_shuffle_i32x4(u[b], u[4 + b], 0x44), v1 = _mm512_shuffle_i32x4(u[b], u[4 + b], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + b], u[12 + b], 0x44), v3 = _mm512_shuffle_i32x4(u[8 + b], u[12 + b], 0xEE);
+    out[b] = _mm512_xor_si512(_mm512_shuffle_i32x4(v0, v2, 0x88), flip);
+    out[4 + b] = _mm512_xor_si512(_mm512_shuffle_i32x4(v0, v2, 0xDD), flip);
+    out[8 + b] = _mm512_xor_si512(_mm512_shuffle_i32x4(v1, v3, 0x88), flip);
+    out[12 + b] = _mm512_xor_si512(_mm512_shuffle_i32x4(v1, v3, 0xDD), flip);
+  }
+}
+
+// acc += the u8 x s8 dot of w and the dword at x broadcast. The real build writes the instruction with
+// x as its embedded broadcast operand (m32bcst): from the intrinsic (a vpbroadcastd, then vpdpbusd) GCC 12
+// copied every accumulator to another register and back once per step (vmovdqa32 x 2 per vpdpbusd).
+inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const uint8_t* x) {
+#if defined(HINA_EMU_AVX512)
+  int32_t xd;
+  std::memcpy(&xd, x, sizeof xd);
+  return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(xd));
+#else
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(x)));
+  return acc;
+#endif
+}
+
+// NT (1..8) tokens over one group of the transposed rows (wt: group / 4 vectors): acc[t] lane i = the
+// int32 dot of row i and token t over the group, then into the fp32 sums cacc[t][16].
+template <int NT>
+inline void vnni_outer(const __m512i* wt, int nk4, const uint8_t* x, int64_t K, const int32_t* cs,
+                       const float* sx, int ng, __m512 swv, float* cacc) {
+  __m512i acc[NT];
+  #pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_si512();
+  for (int j = 0; j < nk4; ++j) {
+    const __m512i wv = _mm512_load_si512(wt + j);
+    #pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) acc[t] = dpbusd_bcast(acc[t], wv, x + t * K + 4 * j);
+  }
+  #pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) {
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[t], _mm512_set1_epi32(cs[t * ng])));
+    const __m512 s = _mm512_mul_ps(swv, _mm512_set1_ps(sx[t * ng]));
+    _mm512_store_ps(cacc + 16 * t, _mm512_fmadd_ps(f, s, _mm512_load_ps(cacc + 16 * t)));
+  }
+}
+
+thread_local ThreadScratch<float> tl_outer{nullptr, 0};    // vnni_wide's fp32 sums, [M][16]
+thread_local ThreadScratch<__m512> tl_wscale{nullptr, 0};  // and its rows' scales, [group][16]
+
+// c[i * ldc + t] += rows w[0..nr) x all M tokens over [kb0, kb1) (nr <= 16; the missing rows repeat
+// row 0 and are not stored).
+void vnni_wide(const int8_t* const* w, const float* const* sw, int nr, const void* I, int M, int K, int group,
+               int kb0, int kb1, float* c, int ldc) {
+  const void* wp[16];
+  const void* sp[16];
+  for (int i = 0; i < 16; ++i) {
+    wp[i] = w[i < nr ? i : 0];
+    sp[i] = sw[i < nr ? i : 0];
+  }
+  const uint8_t* xs = vnni_pairs(I, M, K, group);
+  const float* sx = i8_s<uint8_t>(I, M, K);
+  const int32_t* cs = vnni_csum(I, M, K, group);
+  const int ng = K / group, g0 = kb0 / group, g1 = kb1 / group;
+  float* cacc = tl_outer.get(size_t(M) * 16);
+  for (int i = 0; i < M * 16; ++i) cacc[i] = 0.f;
+  // the rows' scales of the block's groups, one vector per group (lane i: row i)
+  __m512* swv = tl_wscale.get(size_t(g1 - g0 + 15) & ~size_t(15));
+  for (int g = g0; g < g1; g += 16)
+    transpose16(sp, g, g1 - g < 16 ? g1 - g : 16, _mm512_setzero_si512(), reinterpret_cast<__m512i*>(swv + (g - g0)));
+  const __m512i biasz = _mm512_set1_epi8(char(0x80));
+  alignas(64) __m512i wt[32];
+  for (int k0 = kb0; k0 < kb1; k0 += 128) {
+    const int nb = kb1 - k0 < 128 ? kb1 - k0 : 128;   // whole groups: kb0, kb1 and 128 are multiples of group
+    for (int i = 0; i < 16; ++i) {   // 4 chunks ahead, into L2
+      __builtin_prefetch(static_cast<const int8_t*>(wp[i]) + k0 + 512, 0, 2);
+      __builtin_prefetch(static_cast<const int8_t*>(wp[i]) + k0 + 576, 0, 2);
+    }
+    for (int kk = 0; kk < nb; kk += 64) transpose16(wp, (k0 + kk) / 4, nb - kk < 64 ? (nb - kk) / 4 : 16, biasz, wt + kk / 4);
+    for (int gg = 0; gg < nb; gg += group) {
+      const int gi = (k0 + gg) / group;
+      const __m512 sv = swv[gi - g0];
+      const __m512i* wg = wt + gg / 4;
+      for (int t0 = 0; t0 < M; t0 += 8) {
+        const uint8_t* x = xs + int64_t(t0) * K + k0 + gg;
+        const int32_t* cg = cs + int64_t(t0) * ng + gi;
+        const float* sg = sx + int64_t(t0) * ng + gi;
+        float* ca = cacc + t0 * 16;
+        switch (M - t0 < 8 ? M - t0 : 8) {
+          case 8: vnni_outer<8>(wg, group / 4, x, K, cg, sg, ng, sv, ca); break;
+          case 7: vnni_outer<7>(wg, group / 4, x, K, cg, sg, ng, sv, ca); break;
+          case 6: vnni_outer<6>(wg, group / 4, x, K, cg, sg, ng, sv, ca); break;
+          case 5: vnni_outer<5>(wg, group / 4, x, K, cg, sg, ng, sv, ca); break;
+          case 4: vnni_outer<4>(wg, group / 4, x, K, cg, sg, ng, sv, ca); break;
+          case 3: vnni_outer<3>(wg, group / 4, x, K, cg, sg, ng, sv, ca); break;
+          case 2: vnni_outer<2>(wg, group / 4, x, K, cg, sg, ng, sv, ca); break;
+          default: vnni_outer<1>(wg, group / 4, x, K, cg, sg, ng, sv, ca); break;
+        }
+      }
+    }
+  }
+  // [M tokens][16 rows] -> c's [rows][tokens], 16 tokens at a time
+  alignas(64) static const float zeros[16] = {};
+  for (int t0 = 0; t0 < M; t0 += 16) {
+    const int nt = M - t0 < 16 ? M - t0 : 16;
+    const void* tp[16];
+    for (int j = 0; j < 16; ++j) tp[j] = j < nt ? cacc + (t0 + j) * 16 : zeros;
+    __m512i o[16];
+    transpose16(tp, 0, 16, _mm512_setzero_si512(), o);
+    const __mmask16 m = __mmask16((1u << nt) - 1);
+    for (int i = 0; i < nr; ++i) {
+      float* ci = c + int64_t(i) * ldc + t0;
+      _mm512_mask_storeu_ps(ci, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, ci), _mm512_castsi512_ps(o[i])));
+    }
+  }
 }
 
 // Pairs of tokens, P pairs (2P tokens) x R rows per tile: P = 4 is the 8-token tile above; P = 2 and 1
@@ -307,17 +454,20 @@ struct VnniKn {
     }
     vnni_tile<R, TT, PF>(w, sw, x, sx, kb0, kb1, group, c, ldc, nxt);
   }
-  // the blocked path's 8-token tiles (quant_glue.h, WideRows)
-  static constexpr int kWideRows = 4;
-  template <int R>
-  static void tile8(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int group,
-                    int kb0, int kb1, int t0, float* c, int ldc) {
-    const int ng = K / group;
-    vnni_tilep<R, 4, 0>(w, sw, vnni_pairs(I, M, K, group) + int64_t(t0) * K, K,
-                        i8_s<uint8_t>(I, M, K) + int64_t(t0) * ng, vnni_csum(I, M, K, group) + int64_t(t0) * ng, ng,
-                        M - t0 < 8 ? M - t0 : 8, kb0, kb1, group, c, ldc, nullptr);
+  // the blocked path's wide tiles (quant_glue.h): 6-8 tokens x 4 rows in the 8-token pair tiles (5
+  // tokens: kBlocking's tiles), more x 16 rows in vnni_wide's outer products
+  static int wide_rows(int M) { return vnni_rows(M) ? 16 : wide_tokens(M) != 0 ? 4 : 0; }
+  static void tile_wide(const int8_t* const* w, const float* const* sw, int nr, const void* I, int M, int K,
+                        int group, int kb0, int kb1, float* c, int ldc) {
+    if (vnni_rows(M)) return vnni_wide(w, sw, nr, I, M, K, group, kb0, kb1, c, ldc);
+    auto pairs = [&](auto rr, int r) {
+      constexpr int R = decltype(rr)::value;
+      vnni_tilep<R, 4, 0>(w + r, sw + r, vnni_pairs(I, M, K, group), K, i8_s<uint8_t>(I, M, K),
+                          vnni_csum(I, M, K, group), K / group, M, kb0, kb1, group, c + int64_t(r) * ldc, ldc, nullptr);
+    };
+    if (nr == 4) return pairs(IntC<4>{}, 0);
+    for (int r = 0; r < nr; ++r) pairs(IntC<1>{}, r);
   }
-  static int wide_end(int M) { return wide_tokens(M); }
   static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row) * lds; }
 };
 
