@@ -30,8 +30,6 @@ constexpr uint16_t f8_bf16_bits(int m) {   // the bf16 of e4m3fn magnitude m (si
 struct F8Lut {
   alignas(64) uint8_t hi[128];
   alignas(64) uint8_t lo[128];
-  alignas(64) uint8_t even[64];   // interleave: byte 2j <- lo[j], 2j+1 <- hi[j]; j < 32
-  alignas(64) uint8_t odd[64];    //             the same for j = 32..63
   alignas(64) uint8_t f32[4][64]; // fp32 of weight 16q + j in dword j: bytes 2, 3 <- lo, hi (0, 1: masked)
 };
 constexpr F8Lut make_f8_lut() {
@@ -40,11 +38,8 @@ constexpr F8Lut make_f8_lut() {
     t.hi[m] = uint8_t(f8_bf16_bits(m) >> 8);
     t.lo[m] = uint8_t(f8_bf16_bits(m) & 0xFF);
   }
-  for (int i = 0; i < 64; ++i) {
-    t.even[i] = uint8_t((i & 1 ? 64 : 0) + i / 2);
-    t.odd[i] = uint8_t((i & 1 ? 64 : 0) + 32 + i / 2);
+  for (int i = 0; i < 64; ++i)
     for (int q = 0; q < 4; ++q) t.f32[q][i] = uint8_t((i % 4 == 3 ? 64 : 0) + 16 * q + i / 4);
-  }
   return t;
 }
 alignas(64) constexpr F8Lut kF8Lut = make_f8_lut();

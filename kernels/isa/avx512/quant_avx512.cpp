@@ -475,11 +475,20 @@ struct VnniKn {
 // Per 64 weights of a row: the e4m3 bytes looked up in two 128-entry byte tables (the high and the low
 // byte of each magnitude's bf16, exact: every e4m3 value, subnormals included, is a bf16 normal) by
 // vpermt2b (AVX512_VBMI, which every CPU with this kernel's "avx512" has but Cooper Lake: see
-// isa_usable), the sign OR-ed into the high byte, and the two interleaved into 2 x 32 bf16 in their
-// natural order by two more vpermt2b; then one vdpbf16ps per token and 32 weights against the token's
-// bf16 values; fp32 sums per 128-wide scale block, times the block's scale. The tokens are bf16 (x as
-// it is; the SiLU(gate)*up intermediate rounded to bf16, as the AMX FP8 tiles and the BF16 kernels do).
-// Five vector instructions per 64 weights, four of them on port 5, where the first version took seven
+// isa_usable), the sign OR-ed into the high byte, and the two interleaved into 2 x 32 bf16 by
+// vpunpcklbw / vpunpckhbw (in-lane: wa holds weights 16L + e of lane L, e < 8, wb 16L + 8 + e, so the
+// tokens are packed in that order, f8_bf_pos: transformation 1 moves I, not W); then one vdpbf16ps per
+// token and 32 weights against the token's bf16 values; fp32 sums per 128-wide scale block, times the
+// block's scale. The tokens are bf16 (x as it is; the SiLU(gate)*up intermediate rounded to bf16, as
+// the AMX FP8 tiles and the BF16 kernels do).
+// The interleave was two more vpermt2b into the natural order, and the sums across blocks of every tile
+// sat in L1. On Zen 4 (2026-12-03, 2 threads, same-experts routing, weights from DRAM, built modules
+// timed alternately in one process beside the INT8 kernel): the unpacks, the sums in registers where a
+// tile has at most 8 (R x TT), and 2 rows at M = 3, 4 (was 4: 16 + 16 accumulators spilled) took
+// Mixtral-8x7B T = 3 / 4 from 18.4 / 23.8 ms to 16.8 / 17.2-19.1, Qwen3-30B-A3B T = 4 2.83-4.07 ->
+// 2.57-3.38, and FP8's speed over INT8's at T = 4 from 0.58-0.62x to 0.75-0.84x (T = 1, 2 within the
+// noise); 1 row at M = 4 0.55-0.64x, 4 rows with the unpacks 0.63-0.68x.
+// Before that: five vector instructions per 64 weights, four of them on port 5, where the first version took seven
 // per 32 (the e4m3 fields moved into bf16's by shifts and masks, subnormals from a vpermw table), two of
 // them on port 0 beside the vdpbf16ps. Measured (AMX Xeon, 2 threads, Qwen3-30B-A3B shapes over all 8
 // experts, median of 300 calls, the two builds alternated twice): from DRAM T = 1 / 2 / 4 1.79-1.81 /
@@ -526,20 +535,25 @@ inline int64_t f8_ld(int K) { return (int64_t(K) + 63) & ~int64_t(63); }
 // 8.78-8.84 -> 6.93; from L3 T = 2 2.07-2.08 -> 1.81-1.92, T = 4 3.02-3.16 -> 2.88-2.95; Mixtral's
 // shapes at T = 4 (all 8 experts) unchanged, 101-102 ms (its 4 tokens' fp32 rows of 4096 and 14336 no
 // longer sit in L1). T = 1 keeps the bf16 tile (within noise either way).
+inline int f8_bf_pos(int k) {   // the bf16 form's: wa = vpunpcklbw(l, h) holds weights 16L + e, wb 16L + 8 + e
+  const int j = k & 63;
+  return (k & ~63) | ((j >> 3) & 1) << 5 | (j >> 4) << 3 | (j & 7);
+}
 inline int f8_tok_pos(int k) {   // position of weight k of its 64-block in the packed token row
   const int j = k & 63;
   return (k & ~63) | ((j >> 2) & 3) << 4 | (j >> 4) << 2 | (j & 3);
 }
 // c[r * ldc + t] += sum_blocks s[r][blk] * 2^-120 * sum_{k in blk} W_r[k] * X_t[k]  (s arrives x 2^120)
-// The bf16 form's fp32 sums across blocks live in L1 (accm), the block's in registers (Qwen3-30B-A3B T =
-// 4 from L3: 2.74 ms, against 2.85 with both in registers, with the first conversion). kWide: the tokens are
+// The bf16 form's fp32 sums across blocks live in registers where a tile has at most 8 (kRegs), else in
+// L1 (accm; on the AMX Xeon, 4 x 4 tiles, Qwen3-30B-A3B T = 4 from L3: 2.74 ms, against 2.85 with both
+// in registers, with the first conversion), the block's in registers. kWide: the tokens are
 // fp32 in f8_tok_pos order and the weights widened to fp32 (above); else bf16 in their natural order.
 template <int R, int TT, int PF, bool kWide>
 HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const void* const* xp, int kb0, int kb1,
                        float* c, int ldc, const int8_t* const* nxt) {
   const F8Tables tab;
-  const __m512i even = _mm512_load_si512(kF8Lut.even), odd = _mm512_load_si512(kF8Lut.odd);
   const __m512i zero = _mm512_setzero_si512();
+  constexpr bool kRegs = kWide || R * TT <= 8;   // the sums across blocks in registers, else in L1
   alignas(64) float accm[R * TT * 16];    // the bf16 form's sums across blocks (in L1)
   __m512 acc[R][TT];                       // the wide form's (in registers: T = 4 from L3 2.89-2.91 ms
                                            // against 3.10-3.12 in L1)
@@ -547,7 +561,7 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const void
   for (int r = 0; r < R; ++r)
     #pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
-      if constexpr (kWide) acc[r][t] = _mm512_setzero_ps();
+      if constexpr (kRegs) acc[r][t] = _mm512_setzero_ps();
       else _mm512_store_ps(accm + (r * TT + t) * 16, _mm512_setzero_ps());
     }
   for (int k0 = kb0, bi = kb0 / 128; k0 < kb1; k0 += 128, ++bi) {
@@ -584,20 +598,18 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const void
         for (int t = 0; t < TT; ++t) {
           const bf16_t* x = static_cast<const bf16_t*>(xp[t]);
           xa[t] = _mm512_loadu_si512(x + k);
-          xb[t] = half ? zero : _mm512_loadu_si512(x + k + 32);
+          xb[t] = _mm512_loadu_si512(x + k + 32);
         }
         #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           __m512i h, l;
           f8_bytes(half ? _mm512_maskz_loadu_epi64(0x0F, w[r] + k) : _mm512_loadu_si512(w[r] + k), tab, h, l);
-          const __m512i wa = _mm512_permutex2var_epi8(l, even, h);
+          const __m512i wa = _mm512_unpacklo_epi8(l, h);
           #pragma GCC unroll 8
           for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wa, (__m512bh)xa[t]);
-          if constexpr (!half) {
-            const __m512i wb = _mm512_permutex2var_epi8(l, odd, h);
-            #pragma GCC unroll 8
-            for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wb, (__m512bh)xb[t]);
-          }
+          const __m512i wb = _mm512_unpackhi_epi8(l, h);
+          #pragma GCC unroll 8
+          for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wb, (__m512bh)xb[t]);
         }
       }
     };
@@ -609,7 +621,7 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const void
       const __m512 sv = _mm512_set1_ps(s[r][bi] * kF8Unscale);
       #pragma GCC unroll 8
       for (int t = 0; t < TT; ++t) {
-        if constexpr (kWide) {
+        if constexpr (kRegs) {
           acc[r][t] = _mm512_fmadd_ps(blk[r][t], sv, acc[r][t]);
         } else {
           float* a = accm + (r * TT + t) * 16;
@@ -620,7 +632,7 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const void
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < TT; ++t) {
-      const __m512 a = kWide ? acc[r][t] : _mm512_load_ps(accm + (r * TT + t) * 16);
+      const __m512 a = kRegs ? acc[r][t] : _mm512_load_ps(accm + (r * TT + t) * 16);
       c[r * ldc + t] += hsum8(_mm256_add_ps(_mm512_castps512_ps256(a),
                                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
     }
@@ -628,7 +640,9 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const void
 
 struct Fp8Kn {
   static constexpr Dtype dtype = Dtype::fp8;
-  static constexpr QBlocking kBlocking = VnniKn::kBlocking;   // 4 rows at M = 2..4: 3.2 vs 2.7 ms (T = 4, L3)
+  // VnniKn's, but 2 rows at M = 3, 4 (their sums in registers; see the FP8 header above)
+  static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
+                                       /*spread=*/true};
   template <int R, int TT, int PF>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int, int kb0,
                    int kb1, int t0, float* c, int ldc, const int8_t* const* nxt) {
@@ -636,17 +650,22 @@ struct Fp8Kn {
     const void* x[TT];
     for (int t = 0; t < TT; ++t)
       x[t] = wide ? static_cast<const void*>(static_cast<const float*>(I) + (t0 + t) * f8_ld(K))
-                  : static_cast<const void*>(static_cast<const bf16_t*>(I) + int64_t(t0 + t) * K);
+                  : static_cast<const void*>(static_cast<const bf16_t*>(I) + (t0 + t) * f8_ld(K));
     if (wide) return f8_tile<R, TT, PF, true>(w, sw, x, kb0, kb1, c, ldc, nxt);
     f8_tile<R, TT, PF, false>(w, sw, x, kb0, kb1, c, ldc, nxt);
   }
   static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row / 128) * lds; }
 };
 
-// The tokens: bf16 rows (x copied; the intermediate rounded to nearest even); widened (f8_widen), fp32
-// rows of f8_ld(K) (K to a whole 64-block, zero-padded) in f8_tok_pos order.
+// The tokens: rows of f8_ld(K) (K to a whole 64-block, zero-padded): bf16 in f8_bf_pos order (x exactly;
+// the intermediate rounded to nearest even); widened (f8_widen), fp32 in f8_tok_pos order.
 size_t f8bf_packed_bytes(int M, int K, int) {
-  return f8_widen(M) ? size_t(M) * f8_ld(K) * sizeof(float) : size_t(M) * K * sizeof(bf16_t);
+  return size_t(M) * f8_ld(K) * (f8_widen(M) ? sizeof(float) : sizeof(bf16_t));
+}
+inline void f8_put_bf16(const float* v, int m, int K, void* out) {
+  bf16_t* d = static_cast<bf16_t*>(out) + m * f8_ld(K);
+  for (int64_t k = K; k < f8_ld(K); ++k) d[f8_bf_pos(int(k))] = 0;
+  for (int k = 0; k < K; ++k) d[f8_bf_pos(k)] = f32_to_bf16(v[k]);
 }
 inline void f8_put_f32(const float* v, int m, int K, void* out) {
   float* d = static_cast<float*>(out) + m * f8_ld(K);
@@ -654,25 +673,19 @@ inline void f8_put_f32(const float* v, int m, int K, void* out) {
   for (int k = 0; k < K; ++k) d[f8_tok_pos(k)] = v[k];
 }
 void f8bf_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int, void* I) {
-  if (!f8_widen(M)) {
-    for (int m = 0; m < M; ++m)
-      std::memcpy(static_cast<bf16_t*>(I) + int64_t(m) * K, x + int64_t(rows[m]) * ldx, size_t(K) * sizeof(bf16_t));
-    return;
-  }
   float* v = tl_row.get(size_t(K));
   for (int m = 0; m < M; ++m) {
     const bf16_t* src = x + int64_t(rows[m]) * ldx;
     for (int k = 0; k < K; ++k) v[k] = bf16_to_f32(src[k]);
-    f8_put_f32(v, m, K, I);
+    if (f8_widen(M)) f8_put_f32(v, m, K, I);
+    else f8_put_bf16(v, m, K, I);   // exact: v holds bf16 values
   }
 }
 void f8bf_pack_act(const float* act, int M, int K, int, void* out) {
-  if (!f8_widen(M)) {
-    bf16_t* d = static_cast<bf16_t*>(out);
-    for (int64_t i = 0; i < int64_t(M) * K; ++i) d[i] = f32_to_bf16(act[i]);
-    return;
+  for (int m = 0; m < M; ++m) {
+    if (f8_widen(M)) f8_put_f32(act + int64_t(m) * K, m, K, out);
+    else f8_put_bf16(act + int64_t(m) * K, m, K, out);
   }
-  for (int m = 0; m < M; ++m) f8_put_f32(act + int64_t(m) * K, m, K, out);
 }
 
 }  // namespace
