@@ -640,7 +640,9 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const void
 
 struct Fp8Kn {
   static constexpr Dtype dtype = Dtype::fp8;
-  // VnniKn's, but 2 rows at M = 3, 4 (their sums in registers; see the FP8 header above)
+  // VnniKn's, but 2 rows at M = 3, 4 (their sums in registers; see the FP8 header above). The wide form
+  // (AMX CPUs) took 4 rows at M = 2..4 as measured there before (T = 4 from L3: 2.7 ms, against 3.2);
+  // 2 rows at M = 3, 4 are not measured on such a CPU.
   static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
                                        /*spread=*/true};
   template <int R, int TT, int PF>
