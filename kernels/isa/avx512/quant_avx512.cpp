@@ -115,13 +115,14 @@ inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint
 
 // The blocked path (more than kTokTile tokens), by M (VnniKn::wide_rows / tile_wide):
 //
-// 6 to 8 tokens: pair tiles of 8 tokens x 4 rows (vnni_tilep below, P = 4): two tokens per zmm, token
+// 5 to 8 tokens: pair tiles of 8 tokens x 4 rows (vnni_tilep below, P = 4): two tokens per zmm, token
 // 2p's 32 bytes of a step in the low half and 2p + 1's in the high half (one load: the pack's pairs),
 // the row's 32 bytes broadcast to both, so one 512-bit vpdpbusd serves a row and two tokens; per group
 // each row's 4 accumulators are summed across their lanes at once, in int32 (a tree of unpacks and
-// adds), less the tokens' compensation, converted and scaled. 6 or 7 tokens are padded to 8 with zero
-// tokens (their sums are 0 exactly and their outputs are not stored); 5 take kBlocking's 4- and 1-token
-// tiles. Against the 2 x 4 ymm tiles before them (Zen 4, 2026-12-02, 2 threads, same-experts routing,
+// adds), less the tokens' compensation, converted and scaled. 5 to 7 tokens are padded to 8 with zero
+// tokens (their sums are 0 exactly and their outputs are not stored). 5 took kBlocking's 4- and 1-token
+// tiles until 2026-12-03; padded (after dpbusd's register copies were gone), 0.85-0.87x their time
+// (Mixtral-8x7B 21.7 -> 18.5 ms, Qwen3-30B-A3B 3.03 -> 2.65; same method as below). Against the 2 x 4 ymm tiles before them (Zen 4, 2026-12-02, 2 threads, same-experts routing,
 // the builds' modules side by side in one process): Mixtral-8x7B T = 8 0.64x the time, Qwen3-30B-A3B
 // 0.71x; M = 6 / 7 0.72-1.01x of 4-token tiles.
 //
@@ -157,8 +158,8 @@ inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint
 // then, per such token and group, 128 x the group's sum of x (int32).
 constexpr int kPairMax = 8;   // the most tokens the pair tiles take; more: vnni_wide
 inline bool vnni_rows(int M) { return M > kPairMax; }
-inline int wide_tokens(int M) {   // the 8-token pair tiles' tokens at M = 5..8 (6 or 7: padded to 8)
-  return M >= 6 ? 8 : 0;
+inline int wide_tokens(int M) {   // the 8-token pair tiles' tokens at M = 5..8 (5-7: padded to 8)
+  return M >= 5 ? 8 : 0;
 }
 inline int pair_tokens(int M) {
   return vnni_rows(M) ? M : M > kTokTile ? wide_tokens(M) : M >= 2 ? (M + 1) & ~1 : 0;
@@ -475,8 +476,8 @@ struct VnniKn {
     }
     vnni_tile<R, TT, PF>(w, sw, x, sx, kb0, kb1, group, c, ldc, nxt);
   }
-  // the blocked path's wide tiles (quant_glue.h): 6-8 tokens x 4 rows in the 8-token pair tiles (5
-  // tokens: kBlocking's tiles), more x 16 rows in vnni_wide's outer products
+  // the blocked path's wide tiles (quant_glue.h): 5-8 tokens x 4 rows in the 8-token pair tiles, more
+  // x 16 rows in vnni_wide's outer products
   static int wide_rows(int M) { return vnni_rows(M) ? 16 : wide_tokens(M) != 0 ? 4 : 0; }
   static void tile_wide(const int8_t* const* w, const float* const* sw, int nr, const void* I, int M, int K,
                         int group, int kb0, int kb1, float* c, int ldc) {
