@@ -509,7 +509,9 @@ struct VnniKn {
 // tile has at most 8 (R x TT), and 2 rows at M = 3, 4 (was 4: 16 + 16 accumulators spilled) took
 // Mixtral-8x7B T = 3 / 4 from 18.4 / 23.8 ms to 16.8 / 17.2-19.1, Qwen3-30B-A3B T = 4 2.83-4.07 ->
 // 2.57-3.38, and FP8's speed over INT8's at T = 4 from 0.58-0.62x to 0.75-0.84x (T = 1, 2 within the
-// noise); 1 row at M = 4 0.55-0.64x, 4 rows with the unpacks 0.63-0.68x.
+// noise); 1 row at M = 4 0.55-0.64x, 4 rows with the unpacks 0.63-0.68x. Tried and not kept: the
+// tokens as vdpbf16ps's memory operand (inline assembly; GCC loads them into registers first) with each
+// W chunk loaded once, 8 fewer loads per row and step at M = 4: 1.00-1.07x the time.
 // Before that: five vector instructions per 64 weights, four of them on port 5, where the first version took seven
 // per 32 (the e4m3 fields moved into bf16's by shifts and masks, subnormals from a vpermw table), two of
 // them on port 0 beside the vdpbf16ps. Measured (AMX Xeon, 2 threads, Qwen3-30B-A3B shapes over all 8
