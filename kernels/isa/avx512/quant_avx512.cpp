@@ -511,7 +511,10 @@ struct VnniKn {
 // 2.57-3.38, and FP8's speed over INT8's at T = 4 from 0.58-0.62x to 0.75-0.84x (T = 1, 2 within the
 // noise); 1 row at M = 4 0.55-0.64x, 4 rows with the unpacks 0.63-0.68x. Tried and not kept: the
 // tokens as vdpbf16ps's memory operand (inline assembly; GCC loads them into registers first) with each
-// W chunk loaded once, 8 fewer loads per row and step at M = 4: 1.00-1.07x the time.
+// W chunk loaded once, 8 fewer loads per row and step at M = 4: 1.00-1.07x the time. From 5 tokens, 2
+// rows' W converted once per chunk of 1024 into bf16 in L1 and every 4-token tile run over that copy
+// (instead of a conversion per 4 tokens): Mixtral-8x7B M = 5 / 8 / 16 / 32 1.17 / 1.29 / 1.17 / 1.04x
+// the time, Qwen3-30B-A3B 1.23 / 1.12 / 1.14 / 1.00x.
 // Before that: five vector instructions per 64 weights, four of them on port 5, where the first version took seven
 // per 32 (the e4m3 fields moved into bf16's by shifts and masks, subnormals from a vpermw table), two of
 // them on port 0 beside the vdpbf16ps. Measured (AMX Xeon, 2 threads, Qwen3-30B-A3B shapes over all 8
