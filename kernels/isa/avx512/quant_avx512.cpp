@@ -120,11 +120,11 @@ inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint
 // the row's 32 bytes broadcast to both, so one 512-bit vpdpbusd serves a row and two tokens; per group
 // each row's 4 accumulators are summed across their lanes at once, in int32 (a tree of unpacks and
 // adds), less the tokens' compensation, converted and scaled. 5 to 7 tokens are padded to 8 with zero
-// tokens (their sums are 0 exactly and their outputs are not stored). 5 took kBlocking's 4- and 1-token
-// tiles until 2026-12-03; padded (after dpbusd's register copies were gone), 0.85-0.87x their time
-// (Mixtral-8x7B 21.7 -> 18.5 ms, Qwen3-30B-A3B 3.03 -> 2.65; same method as below). Against the 2 x 4 ymm tiles before them (Zen 4, 2026-12-02, 2 threads, same-experts routing,
-// the builds' modules side by side in one process): Mixtral-8x7B T = 8 0.64x the time, Qwen3-30B-A3B
-// 0.71x; M = 6 / 7 0.72-1.01x of 4-token tiles.
+// tokens (their sums are 0 exactly and their outputs are not stored). Against the 2 x 4 ymm tiles
+// before them (Zen 4, 2026-12-02, 2 threads, same-experts routing, the builds' modules side by side in
+// one process): Mixtral-8x7B T = 8 0.64x the time, Qwen3-30B-A3B 0.71x; M = 6 / 7 0.72-1.01x of 4-token
+// tiles. 5 took kBlocking's 4- and 1-token tiles until 2026-12-03; padded (after dpbusd's register
+// copies were gone), 0.85-0.87x their time (Mixtral-8x7B 21.7 -> 18.5 ms, Qwen3-30B-A3B 3.03 -> 2.65).
 //
 // 9 tokens and more (vnni_wide): the weights transposed on the fly, 16 rows x 128 bytes at a time (one
 // to four groups) into a 2 KiB buffer in L1 -- zmm j = dword j (bytes 4j..4j+3) of the 16 rows, made
@@ -574,7 +574,7 @@ inline int f8_tok_pos(int k) {   // position of weight k of its 64-block in the 
 // The bf16 form's fp32 sums across blocks live in registers where a tile has at most 8 (kRegs), else in
 // L1 (accm; on the AMX Xeon, 4 x 4 tiles, Qwen3-30B-A3B T = 4 from L3: 2.74 ms, against 2.85 with both
 // in registers, with the first conversion), the block's in registers. kWide: the tokens are
-// fp32 in f8_tok_pos order and the weights widened to fp32 (above); else bf16 in their natural order.
+// fp32 in f8_tok_pos order and the weights widened to fp32 (above); else bf16 in f8_bf_pos order.
 template <int R, int TT, int PF, bool kWide>
 HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const void* const* xp, int kb0, int kb1,
                        float* c, int ldc, const int8_t* const* nxt) {
