@@ -39,17 +39,11 @@ namespace {  // internal linkage: see glue.h, LINKAGE
 // sums; Zen 4 (2026-12-03, same-experts routing, the builds side by side in one process): experts of 5
 // tokens (the ymm tiles) 0.80-0.95x the time, 8 tokens 0.96-0.98x, other counts within the noise (the
 // copies of the zmm tiles mostly hidden by move elimination).
-inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
+template <class V>   // __m512i or __m256i
+inline V dpbusd(V acc, V a, V b) {
 #if defined(HINA_EMU_AVX512)
-  return _mm512_dpbusd_epi32(acc, a, b);
-#else
-  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
-  return acc;
-#endif
-}
-inline __m256i dpbusd(__m256i acc, __m256i a, __m256i b) {
-#if defined(HINA_EMU_AVX512)
-  return _mm256_dpbusd_epi32(acc, a, b);
+  if constexpr (sizeof(V) == 64) return _mm512_dpbusd_epi32(acc, a, b);
+  else return _mm256_dpbusd_epi32(acc, a, b);
 #else
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
   return acc;
