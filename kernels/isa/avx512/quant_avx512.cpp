@@ -685,30 +685,29 @@ struct Fp8Kn {
 size_t f8bf_packed_bytes(int M, int K, int) {
   return size_t(M) * f8_ld(K) * (f8_widen(M) ? sizeof(float) : sizeof(bf16_t));
 }
-inline void f8_put_bf16(const float* v, int m, int K, void* out) {
-  bf16_t* d = static_cast<bf16_t*>(out) + m * f8_ld(K);
-  for (int64_t k = K; k < f8_ld(K); ++k) d[f8_bf_pos(int(k))] = 0;
-  for (int k = 0; k < K; ++k) d[f8_bf_pos(k)] = f32_to_bf16(v[k]);
-}
-inline void f8_put_f32(const float* v, int m, int K, void* out) {
-  float* d = static_cast<float*>(out) + m * f8_ld(K);
-  for (int64_t k = K; k < f8_ld(K); ++k) d[f8_tok_pos(int(k))] = 0.f;
-  for (int k = 0; k < K; ++k) d[f8_tok_pos(k)] = v[k];
+// Token m's K values (a bf16 row of x, or the fp32 intermediate) into its packed row, the rest of the
+// last 64-block 0: bf16 in f8_bf_pos order (x's bits as they are, the intermediate rounded), or in the
+// widened form fp32 in f8_tok_pos order.
+template <class Src>
+inline void f8_put(const Src* v, int M, int m, int K, void* out) {
+  constexpr bool kBf16Src = std::is_same_v<Src, bf16_t>;
+  auto f32 = [v](int k) { if constexpr (kBf16Src) return bf16_to_f32(v[k]); else return v[k]; };
+  auto b16 = [v](int k) { if constexpr (kBf16Src) return v[k]; else return f32_to_bf16(v[k]); };
+  if (f8_widen(M)) {
+    float* d = static_cast<float*>(out) + m * f8_ld(K);
+    for (int64_t k = K; k < f8_ld(K); ++k) d[f8_tok_pos(int(k))] = 0.f;
+    for (int k = 0; k < K; ++k) d[f8_tok_pos(k)] = f32(k);
+  } else {
+    bf16_t* d = static_cast<bf16_t*>(out) + m * f8_ld(K);
+    for (int64_t k = K; k < f8_ld(K); ++k) d[f8_bf_pos(int(k))] = 0;
+    for (int k = 0; k < K; ++k) d[f8_bf_pos(k)] = b16(k);
+  }
 }
 void f8bf_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int, void* I) {
-  float* v = tl_row.get(size_t(K));
-  for (int m = 0; m < M; ++m) {
-    const bf16_t* src = x + int64_t(rows[m]) * ldx;
-    for (int k = 0; k < K; ++k) v[k] = bf16_to_f32(src[k]);
-    if (f8_widen(M)) f8_put_f32(v, m, K, I);
-    else f8_put_bf16(v, m, K, I);   // exact: v holds bf16 values
-  }
+  for (int m = 0; m < M; ++m) f8_put(x + int64_t(rows[m]) * ldx, M, m, K, I);
 }
 void f8bf_pack_act(const float* act, int M, int K, int, void* out) {
-  for (int m = 0; m < M; ++m) {
-    if (f8_widen(M)) f8_put_f32(act + int64_t(m) * K, m, K, out);
-    else f8_put_bf16(act + int64_t(m) * K, m, K, out);
-  }
+  for (int m = 0; m < M; ++m) f8_put(act + int64_t(m) * K, M, m, K, out);
 }
 
 }  // namespace
