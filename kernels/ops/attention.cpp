@@ -159,9 +159,13 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
   const int rec_bytes = t.nh > 1 && c.k_head == d ? t.nh * row_bytes : row_bytes;   // a token's record
   // A token stride other than d (the [num_blocks, block_size, h_kv, d] paged layout: rows h_kv * d
   // apart, 1 KiB for Qwen3) puts a chunk's rows into a few L1 sets: V, read once per 4-row block, and
-  // K were evicted between uses (measured 3x slower than the same keys head-major). Those rows are
-  // copied into dense per-thread buffers once per chunk instead, head-major; a task of every head
-  // reads each token's heads in one pass (the token record, h_kv * d contiguous when k_head == d).
+  // K were evicted between uses (measured 3x slower than the same keys head-major). A kernel that
+  // wants it (AttnBlocking::stage_strided) has those rows copied into dense per-thread buffers once per
+  // chunk instead, head-major; a task of every head reads each token's heads in one pass (the token
+  // record, h_kv * d contiguous when k_head == d). The AVX-512 and AVX2 kernels no longer do (Zen 4,
+  // 2026-12-03): with the prefetch cut into 4 pieces (below) their rows are read in place, and the
+  // copy, a memcpy call per 256-byte row, took half the time of a Mixtral-8x7B step whose KV sat in
+  // L3 (perf: 50% of the samples in memmove; 1.39 ms staged against 0.69 unstaged, l = 4096).
   const bool stage_k = mk.blocking.stage_strided && c.k_tok != d;
   const bool stage_v = mk.blocking.stage_strided && c.v_tok != d;
   const int64_t stage_head = int64_t(KC) * d;   // staged rows of one head
@@ -186,11 +190,25 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
     // nothing: the copy reads the records in address order, a block's tokens contiguous, and against
     // the L2 prefetch Qwen3 / Mixtral paged l = 1024, 4096, 16384 took 0.94-0.96x the time (AVX-512),
     // 0.95-1.00x (AVX2).
+    // A head's share is cut into AttnBlocking::prefetch_steps pieces, issued between the kernel's
+    // calls: a burst of prefetches waits for the core's miss buffers (perf on Zen 4: a sixth of a
+    // step's samples on the prefetch instructions, 256 of them per chunk of one head), a piece between
+    // the calls waits less. On Zen 4 (2026-12-03, AVX-512, 2 threads, batch-1 decode, KV from DRAM,
+    // the variants side by side in one process, 5 rounds; Qwen3-30B-A3B and Mixtral-8x7B): contiguous,
+    // l = 4096, 4 steps against 1 took 0.83-0.97x the time, 2 steps 0.92-1.03x, 8 steps (calls of 8
+    // keys) 0.86-1.05x, 16 (4 keys) 1.25-1.38x; paged (unstaged), l = 1024 / 4096 / 16384, 4 steps
+    // against 2 0.87-1.00x, against the staged copy 0.74-0.95x. Two or four chunks ahead instead of
+    // one: no better. Every second line only, every fourth, or a row's first: 1.6-2.1x the time, as
+    // with no prefetch at all (the hardware prefetchers do not carry these streams here).
     const int nn = std::min(KC, t.k1 - j0 - KC);
     if (nn > 0) rows_of(t.h, j0 + KC, nn, s.kn.data(), s.vn.data());
-    auto prefetch_next = [&](int hh) {
+    const int steps = std::max(1, mk.blocking.prefetch_steps);
+    const int calls = steps > 1 ? steps / 2 : 1;                       // calls of scores and of P x V
+    const int sub = std::max(4, ((nk + calls - 1) / calls + 3) & ~3);  // keys per call
+    const int npieces = t.nh * steps;
+    auto prefetch_piece = [&](int i) {   // piece i of the next chunk's rows (every head's pieces in turn)
       if (stage_k || stage_v) return;   // a staged chunk: no prefetch (above)
-      for (int j = hh * nn / t.nh; j < (hh + 1) * nn / t.nh; ++j) {
+      for (int j = i * nn / npieces; j < (i + 1) * nn / npieces; ++j) {
         // the rows' addresses from the layout, not read back from s.kn / s.vn: the same addresses
         // (checked in a scratch build), but on Zen 4's contiguous cache 0.81-0.90x the time (AVX-512;
         // AVX2 0.74-0.84x; two copies of each build alternated, then again); why the pointer form was
@@ -218,7 +236,7 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
         }
     }
     for (int hh = 0; hh < t.nh; ++hh) {
-      prefetch_next(hh);
+      int piece = hh * steps;
       const bf16_t* const* krows = s.kp.data();
       const bf16_t* const* vrows = s.vp.data();
       if (hh > 0 && !(stage_k && stage_v)) rows_of(t.h + hh, j0, nk, s.kp.data(), s.vp.data());
@@ -231,7 +249,10 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
         vrows = s.vs.data();
       }
       float* O = s.O.data() + int64_t(hh) * rows * d;
-      mk.scores(s.qp.data() + hh * qs, rows, d, krows, nk, s.S.data(), KC);
+      for (int j = 0; j < nk; j += sub) {
+        if (steps > 1 || j == 0) prefetch_piece(piece++);
+        mk.scores(s.qp.data() + hh * qs, rows, d, krows + j, std::min(sub, nk - j), s.S.data() + j, KC);
+      }
       if (j0 + nk - 1 > min_limit) {               // the causal triangle reaches into this chunk
         for (int r = 0; r < rows; ++r) {
           const int first_masked = std::max(0, s.limit[r] + 1 - j0);
@@ -240,7 +261,11 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
         }
       }
       mk.softmax_step(s.S.data(), KC, rows, nk, s.m.data() + hh * rows, s.l.data() + hh * rows, O, d);
-      mk.pv(s.S.data(), KC, rows, vrows, nk, d, O);
+      for (int j = 0; j < nk; j += sub) {
+        if (steps > 1) prefetch_piece(piece++);
+        mk.pv(s.S.data() + j, KC, rows, vrows + j, std::min(sub, nk - j), d, O);
+      }
+      while (piece < (hh + 1) * steps) prefetch_piece(piece++);   // a short last chunk's calls are fewer
     }
     std::swap(s.kp, s.kn);   // the next chunk's rows of head t.h become this chunk's
     std::swap(s.vp, s.vn);

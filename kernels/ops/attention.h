@@ -66,6 +66,10 @@ struct AttnBlocking {
                        // AMX's tile loads take the stride and read each row once, so do not
   bool prefetch_l2;    // the next chunk's lines prefetched into L2 (prefetcht1), else into L1 (t0):
                        // see run_task
+  int prefetch_steps;  // a head's share of those prefetches cut into this many pieces: 1, all before
+                       // its scores; 2, half before the scores and half before P x V; 2n, each of the
+                       // two calls cut into n calls over ceil(chunk / n) keys (rounded up to 4), a
+                       // piece before each (see run_task)
 };
 
 struct AttnMicroKernel {
