@@ -51,9 +51,12 @@ double peak_loop(Vec init, Op op, double flops, int64_t iters) {
   constexpr int kChains = 10;
   Vec a[kChains];
   // distinct starting values: chains that start equal compute equal values, and the compiler merged
-  // ten such chains into one (a latency-bound loop counted as ten chains)
+  // ten such chains into one (a latency-bound loop counted as ten chains). A scaled init alone is not
+  // distinct when init is 0: the vdpbf16ps probe started from zero and compiled to one chain until
+  // 2026-12-03 (its peak read 10x one chain's latency-bound rate, 384 GFLOP/s per Zen 4 core against
+  // ~225 of throughput); the offset keeps the starts apart whatever init is.
   #pragma GCC unroll 10
-  for (int j = 0; j < kChains; ++j) a[j] = init * (1.0f + 0.0078125f * float(j));
+  for (int j = 0; j < kChains; ++j) a[j] = init * (1.0f + 0.0078125f * float(j)) + 0.0078125f * float(j);
   for (int64_t i = 0; i < iters; ++i) {
     #pragma GCC unroll 10
     for (int j = 0; j < kChains; ++j) a[j] = op(a[j]);
