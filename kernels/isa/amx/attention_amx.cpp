@@ -32,7 +32,7 @@
 // Tried and not kept: the score tile's transpose by shuffles instead of a gather per query row (decode's
 // 8 rows, three rounds of vpermt2ps: 0.81 vs 0.81 ms; extend's 16, a 16 x 16 transpose: 14.0 and 11.4
 // ms, no change); prefetching the next step's rows from inside the tile loops (no gain at
-// DRAM, 0.58 -> 0.78 ms on L2-resident keys); staging the strided rows as the vector kernels do
+// DRAM, 0.58 -> 0.78 ms on L2-resident keys); staging the strided rows as the vector kernels then did
 // (0.67 -> 0.78 ms). On this machine a core's streaming rate does not overlap its compute (a test loop
 // with software prefetch: a step of compute per 1 KiB lowered the rate as 1/(1/14 + 1/C) GB/s), so
 // the kernel's time is its memory time plus its compute time, and both were cut.
