@@ -129,23 +129,18 @@ inline __m512bh v_pairs(const bf16_t* vj, const bf16_t* vj1, int c) {
   return as_bh(_mm512_permutexvar_epi16(idx, z));
 }
 
-// O[R rows][NC x 16 columns at c] += sum over key pairs of (P_j, P_j+1) . (V_j, V_j+1)
-template <int R, int NC>
-inline void pv_tile(const uint32_t* pp, int npairs, const bf16_t* const* vals, int nkeys, int d, int c, float* O) {
-  __m512 acc[R][NC];
-  for (int r = 0; r < R; ++r)
-    for (int n = 0; n < NC; ++n) acc[r][n] = _mm512_loadu_ps(O + int64_t(r) * d + c + 16 * n);
+// O[R rows][16 columns at c, natural order] += sum over key pairs of (P_j, P_j+1) . (V_j, V_j+1): the
+// last 16 columns of a head_dim that is an odd multiple of 16 (the 32-column blocks: pv_tile32)
+template <int R>
+inline void pv_tile16(const uint32_t* pp, int npairs, const bf16_t* const* vals, int nkeys, int d, int c, float* O) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_loadu_ps(O + int64_t(r) * d + c);
   for (int jp = 0; jp < npairs; ++jp) {
     const int j = 2 * jp;
-    __m512bh v[NC];
-    for (int n = 0; n < NC; ++n) v[n] = v_pairs(vals[j], j + 1 < nkeys ? vals[j + 1] : nullptr, c + 16 * n);
-    for (int r = 0; r < R; ++r) {
-      const __m512bh p = as_bh(_mm512_set1_epi32(int(pp[r * npairs + jp])));
-      for (int n = 0; n < NC; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], p, v[n]);
-    }
+    const __m512bh v = v_pairs(vals[j], j + 1 < nkeys ? vals[j + 1] : nullptr, c);
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], as_bh(_mm512_set1_epi32(int(pp[r * npairs + jp]))), v);
   }
-  for (int r = 0; r < R; ++r)
-    for (int n = 0; n < NC; ++n) _mm512_storeu_ps(O + int64_t(r) * d + c + 16 * n, acc[r][n]);
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(O + int64_t(r) * d + c, acc[r]);
 }
 
 // 32 columns of V_j and V_j+1 -> (V_j[c], V_j+1[c]) bf16 pairs by one vpunpcklwd and one vpunpckhwd,
@@ -185,7 +180,7 @@ inline void pv_rows(const uint32_t* pp, int npairs, const bf16_t* const* vals, i
   int c = 0;
   for (; c + 64 <= d; c += 64) pv_tile32<R, 2>(pp, npairs, vals, nkeys, d, c, O);
   if (d - c >= 32) pv_tile32<R, 1>(pp, npairs, vals, nkeys, d, c, O), c += 32;
-  if (d - c == 16) pv_tile<R, 1>(pp, npairs, vals, nkeys, d, c, O);   // natural order
+  if (d - c == 16) pv_tile16<R>(pp, npairs, vals, nkeys, d, c, O);
 }
 
 // 32 floats (a: the first 16, b: the next) -> 32 bf16 in order: vec512::bf16_16 on each, the low
