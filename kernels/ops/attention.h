@@ -61,9 +61,10 @@ struct AttnCall {
 struct AttnBlocking {
   int chunk_keys;   // keys per chunk (scores tile width; K and V of a chunk stay in L1)
   int block_rows;   // query rows per task at most (whole tokens of G rows each)
-  bool stage_strided;  // copy the rows of a strided (token-major) cache into dense buffers first: a
-                       // kernel that reads a row more than once wants them (L1 sets, see run_task);
-                       // AMX's tile loads take the stride and read each row once, so do not
+  bool stage_strided;  // copy the rows of a strided (token-major) cache into dense buffers first, for
+                       // a kernel that reads a row more than once (L1 sets, see run_task): the scalar
+                       // one; AMX's tile loads take the stride and read each row once, and the AVX-512
+                       // and AVX2 kernels read in place, with the prefetch in pieces (measured faster)
   bool prefetch_l2;    // the next chunk's lines prefetched into L2 (prefetcht1), else into L1 (t0):
                        // see run_task
   int prefetch_steps;  // a head's share of those prefetches cut into this many pieces: 1, all before
