@@ -474,6 +474,17 @@ struct VnniKn {
   // same within noise from L3 (0.96-0.98 ms) and from DRAM (1.67-1.71). Nor an L2 prefetch three tiles
   // ahead instead of one (T = 1 from DRAM 1.67-1.71 -> 1.75-1.81). At T = 1 from L3 the call is ~0.97
   // ms for 37.7 MB, at T = 4 ~1.4: the DRAM time (1.7 / 2.0) is not this loop's instruction count.
+  // Tried on Zen 4 (2026-12-03, builds side by side in one process) and not kept: one token in 512-bit
+  // steps with the weights made unsigned (w ^ 0x80) and the token's compensation started in each
+  // group's lane 0 (one vpdpbusd per 64 bytes of a row, where vnni_tile takes four 256-bit ones): from
+  // L3 (one 2048 x 768 expert, one thread) 0.90-0.93x the time, but from DRAM Mixtral-8x7B T = 1
+  // 1.02-1.03x and Qwen3-30B-A3B 0.99x: the stream bounds it there. With the next tile's L2 prefetch
+  // issued per 64-byte step instead of per group, 1.055x from DRAM (Mixtral T = 1): the burst keeps
+  // more lines in flight (FP8's tile the same way: within the noise). The signed token rows (M > 8)
+  // padded to K + 64 bytes: at K = 4096 the 8 tokens of vnni_outer share one L1 set, and a loop of its
+  // 8 broadcast vpdpbusd alone read 0.6 ns each at a 4096-byte stride against 0.28 at 4160; in the
+  // kernel Mixtral-8x7B T = 16 / 32 0.93-0.98 / 0.96-0.99x the time against 0.98-1.02x between copies of
+  // the same build (Qwen3's K = 2048 / 768: unchanged): not beyond the noise.
   static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 4, 4}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
                                        /*spread=*/true};
   template <int R, int TT, int PF>
