@@ -484,7 +484,11 @@ struct VnniKn {
   // padded to K + 64 bytes: at K = 4096 the 8 tokens of vnni_outer share one L1 set, and a loop of its
   // 8 broadcast vpdpbusd alone read 0.6 ns each at a 4096-byte stride against 0.28 at 4160; in the
   // kernel Mixtral-8x7B T = 16 / 32 0.93-0.98 / 0.96-0.99x the time against 0.98-1.02x between copies of
-  // the same build (Qwen3's K = 2048 / 768: unchanged): not beyond the noise.
+  // the same build (Qwen3's K = 2048 / 768: unchanged): not beyond the noise. Nor, for 5-8 tokens, 2-row
+  // tiles without the per-group tree (each accumulator starting the group at minus its tokens'
+  // compensations in lanes 0 and 8, its int32 lanes converted and scaled into fp32 lanes, one tree per
+  // row at the end; the fp32 lanes take 8 more registers, so 2 rows, not 4): Qwen3-30B-A3B M = 5-8
+  // 1.17-1.23x the time, Mixtral-8x7B 1.37-1.52x (two row streams per core where 4 kept DRAM busy).
   static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 4, 4}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
                                        /*spread=*/true};
   template <int R, int TT, int PF>
