@@ -49,7 +49,8 @@ inline size_t a64(size_t n) { return (n + 63) & ~size_t(63); }
 // prefetchers never running ahead): on Zen 4 (2026-12-02, 2 threads, Mixtral-8x7B int8) T = 8 took
 // 44 ms where T = 4 took 18.7. Tried and not kept: the first token tile of each row tile prefetching the
 // next row tile into L2 (as the decode tiles do): beside vllm:int8 in one run each, hina's time over
-// vLLM's at T = 8 / 16 went 1.64 / 2.03x -> 1.78 / 2.42x (Mixtral) and 1.74 / 2.03x -> 2.11 / 3.0x (Qwen3).
+// vLLM's at T = 8 / 16 went 1.64 / 2.03x -> 1.78 / 2.42x (Mixtral) and 1.74 / 2.03x -> 2.11 / 3.0x (Qwen3)
+// (then with K in blocks; the AVX-512 VNNI kernel's 8-token pair tiles, K whole, do prefetch: VnniKn).
 constexpr int64_t kWholeK = 256 * 1024;
 struct QBlocking {
   int rows[kTokTile + 1];
@@ -61,7 +62,8 @@ struct QBlocking {
 template <int N> struct IntC { static constexpr int value = N; };
 
 // A kernel with wide tiles (Kn::wide_rows(M) rows x all M tokens, 0: none for this M; Kn::tile_wide(w,
-// sw, nr, I, M, K, group, kb0, kb1, c, ldc), nr <= wide_rows(M)) takes the blocked path (M > kTokTile)
+// sw, nr, I, M, K, group, kb0, kb1, c, ldc, next), nr <= wide_rows(M); next: the next tile's nr row
+// pointers, or nullptr for the last whole tile, for a prefetch) takes the blocked path (M > kTokTile)
 // with them where wide_rows(M) > 0.
 template <class Kn, class = void> struct HasWide : std::false_type {};
 template <class Kn> struct HasWide<Kn, decltype(void(Kn::wide_rows(0)))> : std::true_type {};
@@ -246,7 +248,8 @@ void rows_wide(const int8_t* const* rows, const float* const* srows, int n, cons
   for (int kb0 = 0; kb0 < K; kb0 += kb) {
     const int kb1 = kb0 + kb < K ? kb0 + kb : K;
     for (int r = 0; r < n; r += R)
-      Kn::tile_wide(rows + r, srows + r, n - r < R ? n - r : R, I, M, K, group, kb0, kb1, c + int64_t(r) * M, M);
+      Kn::tile_wide(rows + r, srows + r, n - r < R ? n - r : R, I, M, K, group, kb0, kb1, c + int64_t(r) * M, M,
+                    r + 2 * R <= n ? rows + r + R : nullptr);
   }
 }
 
