@@ -169,7 +169,7 @@ inline size_t vnni_csum_at(int M, int K, int group) { return a64(vnni_pairs_at(M
 // routing, weights from DRAM; medians of 41 rounds, Mixtral 9): Qwen3-30B-A3B T = 2 / 3 / 4 / 6 / 8
 // 0.96-0.98 / 0.94-0.95 / 0.93-0.95 / 0.93 / 0.91-0.94x the time, Mixtral-8x7B T = 2 0.99-1.01x, T = 8
 // 0.94x (T = 4 0.85-0.91x, where the old build's two copies read 0.90x apart). Bit-identical.
-inline int tree_pairs(int M) { return M <= 2 ? 1 : M <= kTokTile ? 2 : 4; }
+constexpr int tree_pairs(int M) { return M <= 2 ? 1 : M <= kTokTile ? 2 : 4; }   // the tiles' P (VnniKn)
 inline bool has_tree(int M) { return M >= 2 && !vnni_rows(M); }
 inline int tree_tok(int P, int j) {   // P = 4: 0 2 4 6 1 3 5 7; P = 2: 0 2 0 2 1 3 1 3; P = 1: 0 0 0 0 1 1 1 1
   return P == 4 ? 2 * (j % 4) + j / 4 : P == 2 ? 2 * (j % 2) + j / 4 : j / 4;
@@ -217,7 +217,7 @@ void vnni_pair_up(void* I, int M, int K, int group) {
     const int P = tree_pairs(M);
     for (int g = 0; g < ng; ++g)
       for (int j = 0; j < 8; ++j) {
-        const int t = tree_tok(P, j) < M ? tree_tok(P, j) : M - 1;
+        const int tj = tree_tok(P, j), t = tj < M ? tj : M - 1;
         tr[g * 16 + j] = sx[t * ng + g];
         std::memcpy(tr + g * 16 + 8 + j, cs + t * ng + g, sizeof(int32_t));
       }
@@ -496,7 +496,7 @@ struct VnniKn {
                    int kb0, int kb1, int t0, float* c, int ldc, const int8_t* const* nxt) {
     if constexpr (TT >= 2 && R % (TT > 2 ? 2 : 4) == 0) {
       if (M <= kTokTile) {   // the decode tiles of 2-4 tokens: pairs (t0 = 0, TT = M)
-        constexpr int P = TT > 2 ? 2 : 1;
+        constexpr int P = tree_pairs(TT);
         return vnni_tilep<R, P, PF>(w, sw, vnni_pairs(I, M, K, group), K, vnni_tree(I, M, K, group), M, kb0,
                                     kb1, group, c, ldc, nxt);
       }
@@ -517,10 +517,11 @@ struct VnniKn {
   static void tile_wide(const int8_t* const* w, const float* const* sw, int nr, const void* I, int M, int K,
                         int group, int kb0, int kb1, float* c, int ldc, const int8_t* const* next) {
     if (vnni_rows(M)) return vnni_wide(w, sw, nr, I, M, K, group, kb0, kb1, c, ldc);
-    auto pairs = [&](auto rr, int r) {
+    auto pairs = [&](auto rr, auto pf, int r, const int8_t* const* nx) {
       constexpr int R = decltype(rr)::value;
-      vnni_tilep<R, 4, 0>(w + r, sw + r, vnni_pairs(I, M, K, group), K, vnni_tree(I, M, K, group), M, kb0, kb1,
-                          group, c + int64_t(r) * ldc, ldc, nullptr);
+      vnni_tilep<R, tree_pairs(kPairMax), decltype(pf)::value>(w + r, sw + r, vnni_pairs(I, M, K, group), K,
+                                                               vnni_tree(I, M, K, group), M, kb0, kb1, group,
+                                                               c + int64_t(r) * ldc, ldc, nx);
     };
     // The next tile's rows into L2 as this one streams (the decode tiles' prefetch; K is whole here
     // for every model's shapes, M x K <= kWholeK, so each row is one stream): side by side in one
@@ -530,11 +531,10 @@ struct VnniKn {
     if (nr == 4 && next) {
       const int8_t* pf[4];
       for (int q = 0; q < 4; ++q) pf[q] = next[q] + kb0;
-      return vnni_tilep<4, 4, 2>(w, sw, vnni_pairs(I, M, K, group), K, vnni_tree(I, M, K, group), M, kb0, kb1,
-                                 group, c, ldc, pf);
+      return pairs(IntC<4>{}, IntC<2>{}, 0, pf);
     }
-    if (nr == 4) return pairs(IntC<4>{}, 0);
-    for (int r = 0; r < nr; ++r) pairs(IntC<1>{}, r);
+    if (nr == 4) return pairs(IntC<4>{}, IntC<0>{}, 0, nullptr);
+    for (int r = 0; r < nr; ++r) pairs(IntC<1>{}, IntC<0>{}, r, nullptr);
   }
   static const float* scale_row(const float* s, int64_t lds, int row, int) { return s + int64_t(row) * lds; }
 };
