@@ -48,18 +48,18 @@ class DType:
 # ~0.2%, averaged over I terms); fp32 accumulation order changes little. Good kernels land at
 # 0.3-0.6%; 2% leaves room for that and still flags any real bug (a wrong kernel is off by ~100%).
 DTYPES: dict[str, DType] = {d.name: d for d in [
-    DType("bf16", torch.bfloat16, 2.0, None, 2e-2, ("amx", "avx512", "avx2", "scalar"),
+    DType("bf16", torch.bfloat16, 2.0, None, 2e-2, ("amx", "avx512", "avx512-nobf16", "avx2", "scalar"),
           "bfloat16 weights and activations, fp32 accumulation"),
     # Quantized dtypes (hinabench/quant.py): the tolerance is against the *quantized* reference
     # (dequantized weights and, for int8, the same activation quantization), which a correct kernel
     # matches up to fp32 order and the output's bf16 rounding (~0.15-0.2%; 5e-3 still flags a kernel that
     # skipped the activation quantization, ~1.5% off); the scheme's own error
     # against the BF16 reference is its own column, quant_err, and judges nothing.
-    DType("int8", torch.int8, 1.0, "row-group", 5e-3, ("amx", "avx512", "avx2"),
+    DType("int8", torch.int8, 1.0, "row-group", 5e-3, ("amx", "avx512", "avx512-nobf16", "avx2"),
           "W8A8 group-wise symmetric int8: weights int8 + fp32 scale per (row, group of g along K); "
           "activations quantized per token and group at run time; int32 accumulation per group",
           scale_dtype="float32", default_group=128),
-    DType("fp8", torch.float8_e4m3fn, 1.0, "block-128x128", 5e-3, ("amx", "avx512", "avx2"),
+    DType("fp8", torch.float8_e4m3fn, 1.0, "block-128x128", 5e-3, ("amx", "avx512", "avx512-nobf16", "avx2"),
           "weight-only fp8 e4m3 + fp32 128x128 block scales (DeepSeek-V3 weight_scale_inv); "
           "bf16 activations, fp32 accumulation",
           scale_dtype="float32", default_group=128),

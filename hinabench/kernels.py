@@ -16,7 +16,8 @@ Arguments (CPU tensors; nothing is copied, converted or repacked except the tiny
   topk_ids      [T, k] int32 or int64, values in [0, E) (a token may name the same expert twice).
   topk_weights  [T, k] float32.
   isa           "auto" (default; the HINA_ISA environment variable, if set, replaces "auto"), or one
-                of ISAS: "amx", "avx512", "avx2", "scalar" (real hardware), "amx-emulated",
+                of ISAS: "amx", "avx512", "avx512-nobf16", "avx2", "scalar" (real hardware; "avx512"
+                is the "avx512-nobf16" build on CPUs without AVX512_BF16), "amx-emulated",
                 "avx512-emulated" (the same micro-kernel sources on a software AMX tile unit / on
                 SIMDe: tests only, slow). "auto" picks the first usable of amx, avx512, avx2, scalar.
   threads       OpenMP threads (default: torch.get_num_threads()).
@@ -58,7 +59,10 @@ import os
 
 import torch
 
-ISAS_REAL = ("amx", "avx512", "avx2", "scalar")  # "auto" takes the first usable, in this order
+ISAS_REAL = ("amx", "avx512", "avx512-nobf16", "avx2", "scalar")  # "auto" takes the first usable, in this order
+# "avx512" names the AVX-512 kernels: on a CPU with AVX-512 but without AVX512_BF16 (Cascade Lake, Ice
+# Lake) it resolves to their build without it, "avx512-nobf16" (kernels/isa/avx512/dpbf16.h)
+ISA_FALLBACK = {"avx512": "avx512-nobf16"}
 ISAS_EMULATED = {"amx-emulated": "_C_amx_emu", "avx512-emulated": "_C_avx512_emu"}
 ISAS = ISAS_REAL + tuple(ISAS_EMULATED)
 SHAPE_MULTIPLE = 32
@@ -103,6 +107,8 @@ def isa_status(isa: str) -> tuple[bool, str]:
     need = {"avx2": [("avx2", "AVX2"), ("fma", "FMA")],
             "avx512": [("avx512f", "AVX512F"), ("avx512bw", "AVX512BW"), ("avx512vl", "AVX512VL"),
                        ("avx512_bf16", "AVX512_BF16")],
+            "avx512-nobf16": [("avx512f", "AVX512F"), ("avx512bw", "AVX512BW"), ("avx512dq", "AVX512DQ"),
+                              ("avx512vl", "AVX512VL"), ("avx512_vnni", "AVX512_VNNI")],
             "amx": [("amx_tile", "AMX_TILE"), ("amx_bf16", "AMX_BF16"), ("avx512f", "AVX512F"),
                     ("avx512bw", "AVX512BW")]}[isa]
     missing = [label for key, label in need if not f[key]]
@@ -127,9 +133,18 @@ def _resolve(isa: str) -> str:
             if isa_status(cand)[0]:
                 return cand
         return "scalar"
+    isa = isa_variant(isa)
     ok, why = isa_status(isa)
     if not ok:
         raise IsaUnavailable(f"isa '{isa}' cannot run here: {why}")
+    return isa
+
+
+def isa_variant(isa: str) -> str:
+    """The build of `isa` that runs here: ISA_FALLBACK's where `isa` cannot and it can, else `isa`."""
+    alt = ISA_FALLBACK.get(isa)
+    if alt and not isa_status(isa)[0] and isa_status(alt)[0]:
+        return alt
     return isa
 
 

@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from .kernels import ISAS_REAL, IsaUnavailable, _module, isa_status
+from .kernels import ISAS_REAL, IsaUnavailable, _module, isa_status, isa_variant
 
 HEAD_DIM_MULTIPLE = 16
 HEAD_DIM_MAX = 256
@@ -56,6 +56,7 @@ def _resolve_attention(isa: str) -> str:
             if cand in built and isa_status(cand)[0]:
                 return cand
         return "scalar"
+    isa = isa_variant(isa)
     ok, why = isa_status(isa)
     if not ok:
         raise IsaUnavailable(f"isa '{isa}' cannot run here: {why}")

@@ -69,8 +69,12 @@ bool isa_usable(const std::string& isa) {
   if (isa == "scalar") return true;
   if (isa == "avx2") return f.avx2 && f.fma;
   if (isa == "avx512") return f.avx512f && f.avx512bw && f.avx512vl && f.avx512_bf16;
+  // the same AVX-512 sources built without AVX512_BF16 (isa/avx512/dpbf16.h); VNNI for the INT8 kernel:
+  // Cascade Lake, Ice Lake, and every AVX512_BF16 CPU we know (Skylake-SP stays on avx2)
+  if (isa == "avx512-nobf16") return f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl && f.avx512_vnni;
   // the AVX-512 FP8 kernel's byte tables (vpermt2b): every AVX512_BF16 CPU but Cooper Lake
   if (isa == "avx512-vbmi") return isa_usable("avx512") && f.avx512_vbmi;
+  if (isa == "avx512-nobf16-vbmi") return isa_usable("avx512-nobf16") && f.avx512_vbmi;
   if (isa == "amx") return f.amx_tile && f.amx_bf16 && f.os_amx && f.avx512f && f.avx512bw;
   return false;
 }

@@ -19,7 +19,7 @@ const std::vector<const MicroKernel*>& microkernels() {
 #elif defined(HINA_EMU_AVX512)
       &microkernel_avx512_bf16,
 #else
-      &microkernel_avx2_bf16, &microkernel_avx512_bf16, &microkernel_amx_bf16,
+      &microkernel_avx2_bf16, &microkernel_avx512_bf16, &microkernel_avx512_bf16_nobf16, &microkernel_amx_bf16,
 #endif
   };
   return table;
@@ -40,7 +40,8 @@ const std::vector<const QuantMicroKernel*>& quant_microkernels() {
       &quant_microkernel_amx_int8, &quant_microkernel_amx_fp8,
 #else
       &quant_microkernel_avx2_int8, &quant_microkernel_avx2_fp8, &quant_microkernel_avx512_int8,
-      &quant_microkernel_avx512_fp8, &quant_microkernel_amx_int8, &quant_microkernel_amx_fp8,
+      &quant_microkernel_avx512_fp8, &quant_microkernel_avx512_int8_nobf16, &quant_microkernel_avx512_fp8_nobf16,
+      &quant_microkernel_amx_int8, &quant_microkernel_amx_fp8,
 #endif
   };
   return table;

@@ -146,6 +146,7 @@ extern const MicroKernel microkernel_avx512_bf16;
 #else
 extern const MicroKernel microkernel_avx2_bf16;
 extern const MicroKernel microkernel_avx512_bf16;
+extern const MicroKernel microkernel_avx512_bf16_nobf16;   // "avx512-nobf16" (isa/avx512/dpbf16.h)
 extern const MicroKernel microkernel_amx_bf16;
 #endif
 

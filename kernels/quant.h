@@ -80,6 +80,8 @@ extern const QuantMicroKernel quant_microkernel_avx2_int8;
 extern const QuantMicroKernel quant_microkernel_avx2_fp8;
 extern const QuantMicroKernel quant_microkernel_avx512_int8;
 extern const QuantMicroKernel quant_microkernel_avx512_fp8;
+extern const QuantMicroKernel quant_microkernel_avx512_int8_nobf16;   // "avx512-nobf16" (isa/avx512/dpbf16.h)
+extern const QuantMicroKernel quant_microkernel_avx512_fp8_nobf16;
 extern const QuantMicroKernel quant_microkernel_amx_int8;
 extern const QuantMicroKernel quant_microkernel_amx_fp8;
 #endif

@@ -15,7 +15,7 @@ from hinabench.problems import AttentionProblem, get_kind, problem_from_dict, re
 from hinabench.problems.attention import sdpa_reference
 
 TOL = 5e-3       # bf16 output: ~2e-3 from the final rounding; the problem's own tolerance is 2e-2
-ISAS = [i for i in ("scalar", "avx2", "avx512", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
+ISAS = [i for i in ("scalar", "avx2", "avx512", "avx512-nobf16", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
 EMULATED = ("avx512-emulated", "amx-emulated")
 FAST = [i for i in ISAS if i not in EMULATED]     # the emulated paths are slow: they get small shapes
 
@@ -222,11 +222,11 @@ def test_zero_length_and_bad_heads_and_head_dims_are_value_errors():
 
 
 def test_an_isa_this_cpu_lacks_is_refused_not_run():
-    for isa in ("avx512", "amx"):
-        if not kernels.isa_status(isa)[0]:
+    for isa in ("avx512", "avx512-nobf16", "amx"):
+        if not kernels.isa_status(kernels.isa_variant(isa))[0]:
             with pytest.raises(kernels.IsaUnavailable, match="cannot run here"):
                 kernels.resolve_attention_isa(isa)
-    assert kernels.resolve_attention_isa("auto") in ("amx", "avx512", "avx2", "scalar")
+    assert kernels.resolve_attention_isa("auto") in ("amx", "avx512", "avx512-nobf16", "avx2", "scalar")
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -38,7 +38,7 @@ TOL = get_dtype("bf16").tolerance
 TIGHT = 5e-3
 THREADS = 2
 
-ALL_PATHS = ["scalar", "avx2", "avx512", "amx", "avx512-emulated", "amx-emulated"]
+ALL_PATHS = ["scalar", "avx2", "avx512", "avx512-nobf16", "amx", "avx512-emulated", "amx-emulated"]
 RUNNABLE = [p for p in ALL_PATHS if kernels.isa_status(p)[0]]
 SLOW = {"scalar", "avx512-emulated", "amx-emulated"}
 
@@ -105,7 +105,7 @@ def test_table3_shapes(model, T, A, paths):
     data = problem_data(model, T, A)
     ref = data.reference(0)
     ran = []
-    for isa in paths + [p for p in ("avx512", "amx") if p in RUNNABLE and "avx2" in paths]:
+    for isa in paths + [p for p in ("avx512", "avx512-nobf16", "amx") if p in RUNNABLE and "avx2" in paths]:
         if not kernels.isa_status(isa)[0]:
             continue
         check(run(data, isa), ref, f"{model} T={T} A={A} isa={isa}")
@@ -266,10 +266,38 @@ def test_zero_tokens():
     assert out.shape == (0, d.x.shape[1])
 
 
+# ---- AVX-512 without AVX512_BF16: the same sources, vdpbf16ps done in AVX-512F ---------------------------
+def test_avx512_without_bf16_resolves_to_its_nobf16_build():
+    nobf16 = kernels.isa_status("avx512-nobf16")[0]
+    if kernels.isa_status("avx512")[0]:
+        assert kernels.resolve_isa("avx512") == "avx512"
+    elif nobf16:
+        assert kernels.resolve_isa("avx512") == "avx512-nobf16"
+        assert kernels.resolve_attention_isa("avx512") == "avx512-nobf16"
+        from hinabench import backends
+        assert backends.get("hina:avx512").availability() == (True, "")
+        assert backends.get("hina:avx512")(2).versions()["hina_isa"] == "avx512-nobf16"
+        assert kernels.resolve_isa("auto") in ("amx", "avx512-nobf16")
+    else:
+        with pytest.raises(IsaUnavailable, match="cannot run here"):
+            kernels.resolve_isa("avx512-nobf16")
+
+
+def test_avx512_builds_with_and_without_bf16_agree():
+    """Where both run (every AVX512_BF16 CPU): the AVX-512F form of vdpbf16ps gives the instruction's sums
+    (its order, per Intel's SDM; an AMD part may differ in the last bit, hence a tolerance, not equality)."""
+    need("avx512")
+    need("avx512-nobf16")
+    for T in (1, 3, 16):
+        data = materialize(FFNProblem.custom(2048, 768, T, 2, routed_experts=4, seed=T), rotate=False)
+        a, b = run(data, "avx512"), run(data, "avx512-nobf16")
+        assert rel_err(b, a) <= 1e-3, f"T={T}: {rel_err(b, a):.3g}"
+
+
 # ---- an ISA the CPU lacks: a clear error, never SIGILL (in a subprocess, to be safe) ------------------
-@pytest.mark.parametrize("isa", ["avx512", "amx"])
+@pytest.mark.parametrize("isa", ["avx512", "avx512-nobf16", "amx"])
 def test_missing_isa_raises_not_sigill(isa):
-    if kernels.isa_status(isa)[0]:
+    if kernels.isa_status(kernels.isa_variant(isa))[0]:
         pytest.skip(f"this CPU has {isa}")
     code = textwrap.dedent(f"""
         import os, torch
@@ -350,7 +378,7 @@ def test_backends_registered_with_reasons():
     for n, isa in (("hina:avx2", "avx2"), ("hina:avx512", "avx512"), ("hina:amx", "amx")):
         assert n in names
         ok, why = backends.get(n).availability()
-        assert ok == kernels.isa_status(isa)[0]
+        assert ok == kernels.isa_status(kernels.isa_variant(isa))[0]
         if not ok:
             assert why
     if "avx2" in RUNNABLE:

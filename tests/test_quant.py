@@ -18,8 +18,8 @@ from hinabench.problems.validate import rel_err
 AVX2 = kernels.isa_status("avx2")[0]
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="this CPU lacks AVX2")
 # every quantized micro-kernel this machine can run: the real ones, and the AVX-512 VNNI source on SIMDe
-INT8_ISAS = [i for i in ("avx2", "avx512", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
-FP8_ISAS = [i for i in ("avx2", "avx512", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
+INT8_ISAS = [i for i in ("avx2", "avx512", "avx512-nobf16", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
+FP8_ISAS = [i for i in ("avx2", "avx512", "avx512-nobf16", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
 ISAS = {"int8": INT8_ISAS, "fp8": FP8_ISAS}
 
 

@@ -30,8 +30,8 @@ class _Hina(Backend):
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
-        ok, why = kernels.isa_status(cls.isa)
-        return ok, why
+        ok, why = kernels.isa_status(kernels.isa_variant(cls.isa))   # hina:avx512 without AVX512_BF16:
+        return ok, why                                                   # its avx512-nobf16 build
 
     def supports(self, data) -> None:
         super().supports(data)
@@ -97,7 +97,7 @@ class _Hina(Backend):
         return 0  # the scratch (packed tokens, activations, y rows: O(T*k*(H+I)) bytes) is not weights
 
     def versions(self) -> dict[str, str]:
-        return {**super().versions(), "hina_isa": self.isa, "hina_numa": self.numa}
+        return {**super().versions(), "hina_isa": kernels.isa_variant(self.isa), "hina_numa": self.numa}
 
 
 class _HinaNuma(_Hina):
@@ -127,7 +127,8 @@ class HinaAvx2(_Hina):
 class HinaAvx512(_Hina):
     name = "hina:avx512"
     isa = "avx512"
-    description = "HiNa-MoE general-layout kernel, AVX-512 BF16 (vdpbf16ps) micro-kernel, no weight repacking"
+    description = ("HiNa-MoE general-layout kernel, AVX-512 BF16 (vdpbf16ps) micro-kernel, no weight repacking; "
+                   "on CPUs without AVX512_BF16 its avx512-nobf16 build (vdpbf16ps's arithmetic in AVX-512F)")
 
 
 @register

@@ -26,7 +26,7 @@ const std::vector<const AttnMicroKernel*>& attn_microkernels() {
 #elif defined(HINA_EMU_AMX)
       &attn_microkernel_amx,
 #else
-      &attn_microkernel_avx2, &attn_microkernel_avx512, &attn_microkernel_amx,
+      &attn_microkernel_avx2, &attn_microkernel_avx512, &attn_microkernel_avx512_nobf16, &attn_microkernel_amx,
 #endif
   };
   return table;

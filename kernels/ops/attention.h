@@ -98,6 +98,7 @@ extern const AttnMicroKernel attn_microkernel_amx;      // "amx-emulated" (the t
 #else
 extern const AttnMicroKernel attn_microkernel_avx2;
 extern const AttnMicroKernel attn_microkernel_avx512;
+extern const AttnMicroKernel attn_microkernel_avx512_nobf16;   // "avx512-nobf16" (isa/avx512/dpbf16.h)
 extern const AttnMicroKernel attn_microkernel_amx;
 #endif
 

@@ -33,6 +33,7 @@
 #include <limits>
 
 #include "isa/avx512/attention_vec512.h"
+#include "isa/avx512/dpbf16.h"
 #include "ops/attention.h"
 
 namespace hina {
@@ -77,7 +78,7 @@ inline void scores_tile(const bf16_t* q, int d, const bf16_t* const* keys, float
     for (int jj = 0; jj < KJ; ++jj) k[jj] = as_bh(load_row32(keys[jj] + c, half));
     for (int r = 0; r < R; ++r) {
       const __m512bh qr = as_bh(load_row32(q + int64_t(r) * d + c, half));
-      for (int jj = 0; jj < KJ; ++jj) acc[r * KJ + jj] = _mm512_dpbf16_ps(acc[r * KJ + jj], qr, k[jj]);
+      for (int jj = 0; jj < KJ; ++jj) acc[r * KJ + jj] = dpbf16(acc[r * KJ + jj], qr, k[jj]);
     }
   }
   if constexpr (R * KJ == 16) {  // the 16 sums at once (the same bits as one at a time), row r's 4 keys
@@ -138,7 +139,7 @@ inline void pv_tile16(const uint32_t* pp, int npairs, const bf16_t* const* vals,
   for (int jp = 0; jp < npairs; ++jp) {
     const int j = 2 * jp;
     const __m512bh v = v_pairs(vals[j], j + 1 < nkeys ? vals[j + 1] : nullptr, c);
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], as_bh(_mm512_set1_epi32(int(pp[r * npairs + jp]))), v);
+    for (int r = 0; r < R; ++r) acc[r] = dpbf16(acc[r], as_bh(_mm512_set1_epi32(int(pp[r * npairs + jp]))), v);
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(O + int64_t(r) * d + c, acc[r]);
 }
@@ -168,7 +169,7 @@ inline void pv_tile32(const uint32_t* pp, int npairs, const bf16_t* const* vals,
     for (int n = 0; n < NB; ++n) v_unpack(vals[j], j + 1 < nkeys ? vals[j + 1] : nullptr, c + 32 * n, v[2 * n], v[2 * n + 1]);
     for (int r = 0; r < R; ++r) {
       const __m512bh p = as_bh(_mm512_set1_epi32(int(pp[r * npairs + jp])));
-      for (int n = 0; n < 2 * NB; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], p, v[n]);
+      for (int n = 0; n < 2 * NB; ++n) acc[r][n] = dpbf16(acc[r][n], p, v[n]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -243,8 +244,8 @@ void unpack_o(const float* O, int d, float scale, float* out) {
 const AttnMicroKernel attn_microkernel_avx512{
     "avx512-emulated", nullptr, {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/false, /*prefetch_l2=*/true, /*prefetch_steps=*/4}, pack_q, scores, softmax_step, pv, unpack_o};
 #else
-const AttnMicroKernel attn_microkernel_avx512{
-    "avx512", "avx512", {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/false, /*prefetch_l2=*/true, /*prefetch_steps=*/4}, pack_q, scores, softmax_step, pv, unpack_o};
+const AttnMicroKernel HINA_AVX512_ENTRY(attn_microkernel_avx512){
+    HINA_AVX512_ISA, HINA_AVX512_ISA, {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/false, /*prefetch_l2=*/true, /*prefetch_steps=*/4}, pack_q, scores, softmax_step, pv, unpack_o};
 #endif
 
 }  // namespace hina

@@ -47,6 +47,7 @@
 
 #include "glue.h"
 #include "isa/avx512/attention_vec512.h"  // vec512::hsum16, hsum16x16
+#include "isa/avx512/dpbf16.h"
 
 namespace hina {
 namespace {  // internal linkage: see glue.h, LINKAGE
@@ -84,7 +85,7 @@ struct Avx512 {
   static void prefetch(const bf16_t* p) { __builtin_prefetch(p, 0, 3); }      // into L1 (prefetcht0)
   static void prefetch_l2(const bf16_t* p) { __builtin_prefetch(p, 0, 2); }   // into L2 (prefetcht1)
   static W load_w(const bf16_t* p) { return load_bh(p); }
-  static Acc fma(Acc acc, const W& w, const X& x) { return _mm512_dpbf16_ps(acc, w, x); }
+  static Acc fma(Acc acc, const W& w, const X& x) { return dpbf16(acc, w, x); }
   // Horizontal sums: attention_vec512.h's halving tree, 16 at once at a tile's end (the same bits).
   static float hsum(Acc v) { return vec512::hsum16(v); }
   static __attribute__((always_inline)) __m512 hsum16(const Acc (&v)[16]) { return vec512::hsum16x16(v); }
@@ -114,7 +115,7 @@ struct Avx512 {
 #if defined(HINA_EMU_AVX512)
 const MicroKernel microkernel_avx512_bf16 = dot_microkernel<Avx512>("avx512-emulated", nullptr);
 #else
-const MicroKernel microkernel_avx512_bf16 = dot_microkernel<Avx512>("avx512", "avx512");
+const MicroKernel HINA_AVX512_ENTRY(microkernel_avx512_bf16) = dot_microkernel<Avx512>(HINA_AVX512_ISA, HINA_AVX512_ISA);
 #endif
 
 }  // namespace hina

@@ -1,6 +1,7 @@
 // The AVX-512 VNNI INT8 W8A8 micro-kernel (quant.h's contract; compiled with the AVX-512 flags, run
 // only after isa_usable("avx512"): every CPU we know with AVX512_BF16 -- Cooper Lake, Sapphire Rapids,
-// Zen 4/5 -- also has AVX512_VNNI).
+// Zen 4/5 -- also has AVX512_VNNI; or, built without AVX512_BF16 (dpbf16.h), isa_usable("avx512-nobf16"):
+// Cascade Lake, Ice Lake).
 //
 // vpdpbusd multiplies unsigned bytes by signed bytes, four per 32-bit lane, and adds to int32. The
 // token side is made unsigned in the gather (transformation 1): x_u8 = x_s8 + 128 (x in [-127, 127],
@@ -11,7 +12,7 @@
 // of g (32/64/128) along K the int32 sums are scaled in fp32 by s_w[row][group] * s_x[token][group],
 // as in the AVX2 kernel (quant_avx2.cpp). 256-bit vpdpbusd (AVX512_VL): a chunk of 32 bytes lies
 // inside one group for every g. FP8 (weight-only) is below: the e4m3 bytes turned into bf16 for
-// vdpbf16ps (AVX512_BF16, which every CPU with this kernel's "avx512" has).
+// vdpbf16ps (AVX512_BF16; without it, its arithmetic in AVX-512F: dpbf16.h, isa "avx512-nobf16").
 //
 // Built twice from this one source: for real (`_C`, isa "avx512") and against SIMDe's portable
 // AVX-512 (HINA_EMU_AVX512, `_C_avx512_emu`, isa "avx512-emulated"), so the same tests run it here.
@@ -27,6 +28,7 @@
 #include <type_traits>
 
 #include "common.h"   // cpu_features (cpu.cpp)
+#include "isa/avx512/dpbf16.h"
 #include "isa/avx512/f8_vbmi.h"
 #include "quant_glue.h"
 
@@ -585,6 +587,10 @@ constexpr float kF8Unscale = 0x1p-120f;
 // tests run both.
 #if defined(HINA_EMU_AVX512)
 inline bool f8_widen(int M) { return M >= 2 && M % 2 == 0; }
+#elif defined(HINA_AVX512_NOBF16)
+// without AVX512_BF16, vdpbf16ps is two FMAs and four integer ops (dpbf16.h): the widened tile's FMAs
+// with less around them
+inline bool f8_widen(int M) { return M >= 2; }
 #else
 inline bool f8_widen(int M) {
   static const bool amx = cpu_features().amx_bf16;
@@ -679,10 +685,10 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const void
           f8_bytes(half ? _mm512_maskz_loadu_epi64(0x0F, w[r] + k) : _mm512_loadu_si512(w[r] + k), tab, h, l);
           const __m512i wa = _mm512_unpacklo_epi8(l, h);
           #pragma GCC unroll 8
-          for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wa, (__m512bh)xa[t]);
+          for (int t = 0; t < TT; ++t) blk[r][t] = dpbf16(blk[r][t], (__m512bh)wa, (__m512bh)xa[t]);
           const __m512i wb = _mm512_unpackhi_epi8(l, h);
           #pragma GCC unroll 8
-          for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_dpbf16_ps(blk[r][t], (__m512bh)wb, (__m512bh)xb[t]);
+          for (int t = 0; t < TT; ++t) blk[r][t] = dpbf16(blk[r][t], (__m512bh)wb, (__m512bh)xb[t]);
         }
       }
     };
@@ -768,13 +774,13 @@ void f8bf_pack_act(const float* act, int M, int K, int, void* out) {
 #define HINA_QUANT_AVX512_ISA(dtype) "avx512-emulated", dtype, nullptr
 #define HINA_QUANT_AVX512_VBMI_ISA(dtype) "avx512-emulated", dtype, nullptr
 #else
-#define HINA_QUANT_AVX512_ISA(dtype) "avx512", dtype, "avx512"
-#define HINA_QUANT_AVX512_VBMI_ISA(dtype) "avx512", dtype, "avx512-vbmi"   // cpu.cpp's isa_usable
+#define HINA_QUANT_AVX512_ISA(dtype) HINA_AVX512_ISA, dtype, HINA_AVX512_ISA
+#define HINA_QUANT_AVX512_VBMI_ISA(dtype) HINA_AVX512_ISA, dtype, HINA_AVX512_ISA "-vbmi"   // cpu.cpp's isa_usable
 #endif
-const QuantMicroKernel quant_microkernel_avx512_int8{
+const QuantMicroKernel HINA_AVX512_ENTRY(quant_microkernel_avx512_int8){
     HINA_QUANT_AVX512_ISA(Dtype::int8), /*task_rows=*/256, vnni_packed_bytes, vnni_pack_tokens, vnni_pack_act,
     q_gate_up<VnniKn>, q_down<VnniKn>};
-const QuantMicroKernel quant_microkernel_avx512_fp8{
+const QuantMicroKernel HINA_AVX512_ENTRY(quant_microkernel_avx512_fp8){
     HINA_QUANT_AVX512_VBMI_ISA(Dtype::fp8), /*task_rows=*/256, f8bf_packed_bytes, f8bf_pack_tokens, f8bf_pack_act,
     q_gate_up<Fp8Kn>, q_down<Fp8Kn>};
 #undef HINA_QUANT_AVX512_ISA
