@@ -63,7 +63,8 @@ ISAS_REAL = ("amx", "avx512", "avx512-nobf16", "avx2", "scalar")  # "auto" takes
 # "avx512" names the AVX-512 kernels: on a CPU with AVX-512 but without AVX512_BF16 (Cascade Lake, Ice
 # Lake) it resolves to their build without it, "avx512-nobf16" (kernels/isa/avx512/dpbf16.h)
 ISA_FALLBACK = {"avx512": "avx512-nobf16"}
-ISAS_EMULATED = {"amx-emulated": "_C_amx_emu", "avx512-emulated": "_C_avx512_emu"}
+ISAS_EMULATED = {"amx-emulated": "_C_amx_emu", "avx512-emulated": "_C_avx512_emu",
+                 "avx512-nobf16-emulated": "_C_avx512_emu"}
 ISAS = ISAS_REAL + tuple(ISAS_EMULATED)
 SHAPE_MULTIPLE = 32
 

@@ -17,7 +17,7 @@ const std::vector<const MicroKernel*>& microkernels() {
 #if defined(HINA_EMU_AMX)
       &microkernel_amx_bf16,
 #elif defined(HINA_EMU_AVX512)
-      &microkernel_avx512_bf16,
+      &microkernel_avx512_bf16, &microkernel_avx512_bf16_nobf16,
 #else
       &microkernel_avx2_bf16, &microkernel_avx512_bf16, &microkernel_avx512_bf16_nobf16, &microkernel_amx_bf16,
 #endif
@@ -35,7 +35,8 @@ const MicroKernel& find_microkernel(const std::string& isa, Dtype dtype) {
 const std::vector<const QuantMicroKernel*>& quant_microkernels() {
   static const std::vector<const QuantMicroKernel*> table{
 #if defined(HINA_EMU_AVX512)
-      &quant_microkernel_avx512_int8, &quant_microkernel_avx512_fp8,
+      &quant_microkernel_avx512_int8, &quant_microkernel_avx512_fp8, &quant_microkernel_avx512_int8_nobf16,
+      &quant_microkernel_avx512_fp8_nobf16,
 #elif defined(HINA_EMU_AMX)
       &quant_microkernel_amx_int8, &quant_microkernel_amx_fp8,
 #else

@@ -143,6 +143,7 @@ extern const MicroKernel microkernel_scalar_bf16;
 extern const MicroKernel microkernel_amx_bf16;
 #elif defined(HINA_EMU_AVX512)
 extern const MicroKernel microkernel_avx512_bf16;
+extern const MicroKernel microkernel_avx512_bf16_nobf16;   // "avx512-nobf16-emulated"
 #else
 extern const MicroKernel microkernel_avx2_bf16;
 extern const MicroKernel microkernel_avx512_bf16;

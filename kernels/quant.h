@@ -72,6 +72,8 @@ struct QuantMicroKernel {
 #if defined(HINA_EMU_AVX512)
 extern const QuantMicroKernel quant_microkernel_avx512_int8;
 extern const QuantMicroKernel quant_microkernel_avx512_fp8;
+extern const QuantMicroKernel quant_microkernel_avx512_int8_nobf16;   // "avx512-nobf16-emulated"
+extern const QuantMicroKernel quant_microkernel_avx512_fp8_nobf16;
 #elif defined(HINA_EMU_AMX)
 extern const QuantMicroKernel quant_microkernel_amx_int8;
 extern const QuantMicroKernel quant_microkernel_amx_fp8;

@@ -15,8 +15,9 @@ from hinabench.problems import AttentionProblem, get_kind, problem_from_dict, re
 from hinabench.problems.attention import sdpa_reference
 
 TOL = 5e-3       # bf16 output: ~2e-3 from the final rounding; the problem's own tolerance is 2e-2
-ISAS = [i for i in ("scalar", "avx2", "avx512", "avx512-nobf16", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
-EMULATED = ("avx512-emulated", "amx-emulated")
+ISAS = [i for i in ("scalar", "avx2", "avx512", "avx512-nobf16", "amx", "avx512-emulated", "amx-emulated",
+                                "avx512-nobf16-emulated") if kernels.isa_status(i)[0]]
+EMULATED = ("avx512-emulated", "amx-emulated", "avx512-nobf16-emulated")
 FAST = [i for i in ISAS if i not in EMULATED]     # the emulated paths are slow: they get small shapes
 
 

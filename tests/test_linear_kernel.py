@@ -11,7 +11,8 @@ from hinabench.dtypes import get_dtype
 from hinabench.problems import LinearProblem, rel_err
 
 TOL = get_dtype("bf16").tolerance
-PATHS = [p for p in ["scalar", "avx2", "avx512", "avx512-nobf16", "amx", "avx512-emulated", "amx-emulated"]
+PATHS = [p for p in ["scalar", "avx2", "avx512", "avx512-nobf16", "amx", "avx512-emulated", "amx-emulated",
+                       "avx512-nobf16-emulated"]
          if kernels.isa_status(p)[0]]
 
 

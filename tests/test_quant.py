@@ -18,8 +18,10 @@ from hinabench.problems.validate import rel_err
 AVX2 = kernels.isa_status("avx2")[0]
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="this CPU lacks AVX2")
 # every quantized micro-kernel this machine can run: the real ones, and the AVX-512 VNNI source on SIMDe
-INT8_ISAS = [i for i in ("avx2", "avx512", "avx512-nobf16", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
-FP8_ISAS = [i for i in ("avx2", "avx512", "avx512-nobf16", "amx", "avx512-emulated", "amx-emulated") if kernels.isa_status(i)[0]]
+INT8_ISAS = [i for i in ("avx2", "avx512", "avx512-nobf16", "amx", "avx512-emulated", "amx-emulated",
+                                     "avx512-nobf16-emulated") if kernels.isa_status(i)[0]]
+FP8_ISAS = [i for i in ("avx2", "avx512", "avx512-nobf16", "amx", "avx512-emulated", "amx-emulated",
+                                     "avx512-nobf16-emulated") if kernels.isa_status(i)[0]]
 ISAS = {"int8": INT8_ISAS, "fp8": FP8_ISAS}
 
 
@@ -183,7 +185,7 @@ def test_fp8_kernels_read_every_e4m3_value(isa, which):
 def test_the_emulated_int8_kernels_are_built():
     """The AVX-512 VNNI and AMX-INT8 sources run here through SIMDe / the tile emulator (when the
     emulated modules were built)."""
-    for isa in ("avx512-emulated", "amx-emulated"):
+    for isa in ("avx512-emulated", "amx-emulated", "avx512-nobf16-emulated"):
         if kernels.isa_status(isa)[0]:
             _check_kernel("int8", 32, E=2, H=128, I=128, T=3, k=2, isa=isa)
 
@@ -208,7 +210,7 @@ def test_quant_kernel_random_shapes(scheme, g, h, i, T, E, threads, seed, which)
     ("qwen3-30b-a3b", "int8", "avx2"), ("mixtral-8x7b", "int8", "avx2"),
     ("qwen3-30b-a3b", "fp8", "avx2"), ("mixtral-8x7b", "fp8", "avx2"),
     ("qwen3-30b-a3b", "int8", "avx512-emulated"), ("qwen3-30b-a3b", "int8", "amx-emulated"),
-    ("qwen3-30b-a3b", "fp8", "avx512-emulated")])
+    ("qwen3-30b-a3b", "fp8", "avx512-emulated"), ("qwen3-30b-a3b", "fp8", "avx512-nobf16-emulated")])
 def test_quant_kernel_on_registry_shapes(model, dtype, isa):
     """The registry's expert shapes, through the problem (materialize quantizes as the framework would)."""
     if not kernels.isa_status(isa)[0]:

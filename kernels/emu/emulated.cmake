@@ -11,6 +11,10 @@ set(HINA_EMU_DIR "${CMAKE_CURRENT_BINARY_DIR}/emulated")
 # quantized ones (quant.h) and attention's (ops/attention.h).
 hina_wrappers(_emu_sources "${HINA_EMU_DIR}" emulated amx/microkernel_amx amx/quant_amx amx/attention_amx
               avx512/microkernel_avx512 avx512/quant_avx512 avx512/attention_avx512)
+# and the AVX-512 sources' build without AVX512_BF16 (kernels/isa/avx512/dpbf16.h), "avx512-nobf16-emulated"
+hina_wrappers(HINA_EMU_NOBF16_SOURCES "${HINA_EMU_DIR}" emulated_nobf16
+              avx512/microkernel_avx512 avx512/quant_avx512 avx512/attention_avx512)
+set_source_files_properties(${HINA_EMU_NOBF16_SOURCES} PROPERTIES COMPILE_DEFINITIONS HINA_AVX512_NOBF16)
 
 # ---- AMX on the software tile unit ----------------------------------------------------------------
 pybind11_add_module(_C_amx_emu NO_EXTRAS
@@ -35,7 +39,8 @@ if(_simde_rc EQUAL 0 AND EXISTS "${HINA_SIMDE_INCLUDE}/simde/x86/avx512.h")
     ${HINA_OPERATOR_SOURCES}
     "${HINA_EMU_DIR}/microkernel_avx512_emulated.cpp"
     "${HINA_EMU_DIR}/quant_avx512_emulated.cpp"
-    "${HINA_EMU_DIR}/attention_avx512_emulated.cpp")
+    "${HINA_EMU_DIR}/attention_avx512_emulated.cpp"
+    ${HINA_EMU_NOBF16_SOURCES})
   target_include_directories(_C_avx512_emu PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}/kernels")
   target_include_directories(_C_avx512_emu SYSTEM PRIVATE "${HINA_SIMDE_INCLUDE}")
   target_compile_definitions(_C_avx512_emu PRIVATE HINA_EMU_AVX512 HINA_EMU_MODULE_NAME=_C_avx512_emu)

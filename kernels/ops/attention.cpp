@@ -22,7 +22,7 @@ const std::vector<const AttnMicroKernel*>& attn_microkernels() {
   static const std::vector<const AttnMicroKernel*> table{
       &attn_microkernel_scalar,
 #if defined(HINA_EMU_AVX512)
-      &attn_microkernel_avx512,
+      &attn_microkernel_avx512, &attn_microkernel_avx512_nobf16,
 #elif defined(HINA_EMU_AMX)
       &attn_microkernel_amx,
 #else

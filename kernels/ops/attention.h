@@ -93,6 +93,7 @@ struct AttnMicroKernel {
 extern const AttnMicroKernel attn_microkernel_scalar;
 #if defined(HINA_EMU_AVX512)
 extern const AttnMicroKernel attn_microkernel_avx512;   // "avx512-emulated" (SIMDe)
+extern const AttnMicroKernel attn_microkernel_avx512_nobf16;   // "avx512-nobf16-emulated"
 #elif defined(HINA_EMU_AMX)
 extern const AttnMicroKernel attn_microkernel_amx;      // "amx-emulated" (the tile emulator)
 #else

@@ -240,12 +240,7 @@ void unpack_o(const float* O, int d, float scale, float* out) {
 
 }  // namespace
 
-#if defined(HINA_EMU_AVX512)
-const AttnMicroKernel attn_microkernel_avx512{
-    "avx512-emulated", nullptr, {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/false, /*prefetch_l2=*/true, /*prefetch_steps=*/4}, pack_q, scores, softmax_step, pv, unpack_o};
-#else
 const AttnMicroKernel HINA_AVX512_ENTRY(attn_microkernel_avx512){
-    HINA_AVX512_ISA, HINA_AVX512_ISA, {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/false, /*prefetch_l2=*/true, /*prefetch_steps=*/4}, pack_q, scores, softmax_step, pv, unpack_o};
-#endif
+    HINA_AVX512_ISA, HINA_AVX512_CPU_ISA(""), {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/false, /*prefetch_l2=*/true, /*prefetch_steps=*/4}, pack_q, scores, softmax_step, pv, unpack_o};
 
 }  // namespace hina

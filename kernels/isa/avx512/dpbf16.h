@@ -4,7 +4,8 @@
 // built a second time into `_C` with HINA_AVX512_NOBF16 and without -mavx512bf16 (CMakeLists.txt), their
 // table entries named "avx512-nobf16" and asking isa_usable("avx512-nobf16") (AVX-512 F/BW/DQ/VL and
 // VNNI, which the INT8 kernel needs). Such a build cannot emit any AVX512_BF16 instruction: the compiler
-// refuses the intrinsics without the flag.
+// refuses the intrinsics without the flag. Both are also built on SIMDe ("avx512-emulated",
+// "avx512-nobf16-emulated"), so the tests run them on CPUs without AVX-512.
 //
 // The instruction, per fp32 lane i (Intel SDM, VDPBF16PS):
 //     acc[i] += a.bf16[2i+1] * b.bf16[2i+1];   acc[i] += a.bf16[2i] * b.bf16[2i]
@@ -15,12 +16,21 @@
 // sum that is not denormal.
 #pragma once
 
+// The table entries' names: the isa Python passes, the one isa_usable() checks (nullptr: the emulated
+// builds, which run anywhere), and the C++ name (the two builds in one module need two).
 #if defined(HINA_AVX512_NOBF16)
-#define HINA_AVX512_ISA "avx512-nobf16"
 #define HINA_AVX512_ENTRY(name) name##_nobf16
+#define HINA_AVX512_ISA_BASE "avx512-nobf16"
 #else
-#define HINA_AVX512_ISA "avx512"
 #define HINA_AVX512_ENTRY(name) name
+#define HINA_AVX512_ISA_BASE "avx512"
+#endif
+#if defined(HINA_EMU_AVX512)   // SIMDe's portable AVX-512 (emu/emulated.cmake)
+#define HINA_AVX512_ISA HINA_AVX512_ISA_BASE "-emulated"
+#define HINA_AVX512_CPU_ISA(suffix) nullptr
+#else
+#define HINA_AVX512_ISA HINA_AVX512_ISA_BASE
+#define HINA_AVX512_CPU_ISA(suffix) HINA_AVX512_ISA_BASE suffix
 #endif
 
 namespace hina {

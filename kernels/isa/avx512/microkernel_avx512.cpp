@@ -46,6 +46,7 @@
 #endif
 
 #include "glue.h"
+
 #include "isa/avx512/attention_vec512.h"  // vec512::hsum16, hsum16x16
 #include "isa/avx512/dpbf16.h"
 
@@ -110,12 +111,88 @@ struct Avx512 {
   }
 };
 
+#if defined(HINA_AVX512_NOBF16)
+// Without AVX512_BF16 (isa "avx512-nobf16"): the AVX2 kernel's form at 512 bits (microkernel_avx2.cpp)
+// in place of vdpbf16ps's arithmetic on both operands (dpbf16.h): W's 32 bf16 split into even and odd
+// fp32 halves once per load (an AND, a shift), I produced by transformation 1 already split and in fp32
+// ("split-32": per chunk of 32 elements the 16 even ones, then the 16 odd ones), so a token costs two FMAs
+// per chunk and no integer op. The activation (transformation 2) stays fp32 in the same layout, as
+// AVX2's does. Decode (M <= 4) takes the AVX-512 kernel's tiles; from 5 tokens the AVX2 kernel's loop
+// nest with 4 x 4 tiles: K groups of one piece cut into 512-element sub-blocks (4 W rows, 4 KiB, and 4
+// tokens' fp32 slices, 8 KiB, in L1), token blocks of 4..32 in L2. Measured on a 2-vCPU Xeon without
+// AVX512_BF16 (2026-12-03, builds side by side in one process, 5 rounds, Mixtral-8x7B / Qwen3-30B-A3B):
+// against vdpbf16ps's arithmetic on both operands in the AVX-512 kernel's 4 x 4 tiles (dpbf16.h), T = 8
+// 0.79 / 0.86x of the time, T = 16 0.77 / 0.90x, T = 64 0.91 / 0.92x, T = 1..4 0.96-1.04x (noise).
+// Tried: these tiles in the AVX-512 kernel's loop nest (whole pieces, no sub-blocks) 1.17-1.41x the time
+// (4 tokens' fp32 slices of a 2048-element piece and the 4 W rows fill L1), and with 4 x 2 tiles 1.09-1.15x;
+// 4 x 2 tiles with the sub-blocks 0.96-1.09x.
+inline __m512 even_f32(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
+inline __m512 odd_f32(__m512i v) {
+  return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xFFFF0000u))));
+}
+// Position of element j of a row in the split-32 layout.
+inline int split32(int j) { return (j & ~31) | ((j & 1) << 4) | ((j & 31) >> 1); }
+
+struct Avx512F {
+  using Elem = float;                // I and the activation: fp32, split-32
+  using Acc = __m512;
+  struct X { __m512 even, odd; };    // 32 elements of a token's I
+  struct W { __m512 even, odd; };    // 32 elements of a W row, as fp32
+  static constexpr int kChunk = 32;
+  static constexpr Blocking kBlocking{
+      /*task_rows=*/256, /*decode_max_m=*/4, /*decode_rows=*/{0, 4, 8, 4, 4},
+      /*mr=*/4, /*nr=*/4, /*k_group=*/2048, /*k_sub=*/512,
+      /*mb_max=*/32, /*mb_min=*/4, /*mb_l2_bytes=*/256 << 10,
+      /*token_blocks_outer=*/false, /*prefetch_next=*/1, /*decode_prefetch=*/{0, 2, 2, 2, 2},
+      /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/8,
+      /*decode_short_prefetch=*/2};
+
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static X load_x(const float* p) { return {_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16)}; }
+  static W load_w(const bf16_t* p) {
+    const __m512i v = _mm512_loadu_si512(p);
+    return {even_f32(v), odd_f32(v)};
+  }
+  static Acc fma(Acc acc, const W& w, const X& x) {   // odd first, as vdpbf16ps adds them
+    acc = _mm512_fmadd_ps(w.odd, x.odd, acc);
+    return _mm512_fmadd_ps(w.even, x.even, acc);
+  }
+  static void prefetch(const bf16_t* p) { __builtin_prefetch(p, 0, 3); }
+  static void prefetch_l2(const bf16_t* p) { __builtin_prefetch(p, 0, 2); }
+  static float hsum(Acc v) { return vec512::hsum16(v); }
+  static __attribute__((always_inline)) __m512 hsum16(const Acc (&v)[16]) { return vec512::hsum16x16(v); }
+  static void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+
+  // rows 64 bytes longer than K (as the bf16 kernel's, for the same L1 sets)
+  static int64_t ld(int K) { return int64_t(K) + 16; }
+  static size_t packed_bytes(int M, int K) { return size_t(M) * size_t(ld(K)) * sizeof(float); }
+
+  // Transformation 1: gather x rows into I (fp32, split-32): the W conversion's two ops, once per token.
+  static void pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, void* I) {
+    float* dst = static_cast<float*>(I);
+    for (int m = 0; m < M; ++m) {
+      const bf16_t* src = x + int64_t(rows[m]) * ldx;
+      float* d = dst + int64_t(m) * ld(K);
+      for (int k = 0; k < K; k += kChunk) {
+        const __m512i v = _mm512_loadu_si512(src + k);
+        _mm512_storeu_ps(d + k, even_f32(v));
+        _mm512_storeu_ps(d + k + 16, odd_f32(v));
+      }
+    }
+  }
+  // Transformation 2's store: fp32, split-32, so the down projection runs the same tiles.
+  static void put_act(void* act, int act_K, int m, int k, float v) {
+    static_cast<float*>(act)[int64_t(m) * ld(act_K) + split32(k)] = v;
+  }
+};
+#endif
+
 }  // namespace
 
-#if defined(HINA_EMU_AVX512)
-const MicroKernel microkernel_avx512_bf16 = dot_microkernel<Avx512>("avx512-emulated", nullptr);
+#if defined(HINA_AVX512_NOBF16)
+const MicroKernel microkernel_avx512_bf16_nobf16 = dot_microkernel<Avx512F>(HINA_AVX512_ISA, HINA_AVX512_CPU_ISA(""));
 #else
-const MicroKernel HINA_AVX512_ENTRY(microkernel_avx512_bf16) = dot_microkernel<Avx512>(HINA_AVX512_ISA, HINA_AVX512_ISA);
+const MicroKernel microkernel_avx512_bf16 = dot_microkernel<Avx512>(HINA_AVX512_ISA, HINA_AVX512_CPU_ISA(""));
 #endif
 
 }  // namespace hina

@@ -585,12 +585,12 @@ constexpr float kF8Unscale = 0x1p-120f;
 // Lake: not measured, and Zen 4 issues a zmm fma no faster than a vdpbf16ps of twice its products)
 // the vdpbf16ps tile stays. The emulated build takes each form for half the token counts, so the same
 // tests run both.
-#if defined(HINA_EMU_AVX512)
-inline bool f8_widen(int M) { return M >= 2 && M % 2 == 0; }
-#elif defined(HINA_AVX512_NOBF16)
+#if defined(HINA_AVX512_NOBF16)
 // without AVX512_BF16, vdpbf16ps is two FMAs and four integer ops (dpbf16.h): the widened tile's FMAs
 // with less around them
 inline bool f8_widen(int M) { return M >= 2; }
+#elif defined(HINA_EMU_AVX512)
+inline bool f8_widen(int M) { return M >= 2 && M % 2 == 0; }
 #else
 inline bool f8_widen(int M) {
   static const bool amx = cpu_features().amx_bf16;
@@ -770,13 +770,8 @@ void f8bf_pack_act(const float* act, int M, int K, int, void* out) {
 
 }  // namespace
 
-#if defined(HINA_EMU_AVX512)
-#define HINA_QUANT_AVX512_ISA(dtype) "avx512-emulated", dtype, nullptr
-#define HINA_QUANT_AVX512_VBMI_ISA(dtype) "avx512-emulated", dtype, nullptr
-#else
-#define HINA_QUANT_AVX512_ISA(dtype) HINA_AVX512_ISA, dtype, HINA_AVX512_ISA
-#define HINA_QUANT_AVX512_VBMI_ISA(dtype) HINA_AVX512_ISA, dtype, HINA_AVX512_ISA "-vbmi"   // cpu.cpp's isa_usable
-#endif
+#define HINA_QUANT_AVX512_ISA(dtype) HINA_AVX512_ISA, dtype, HINA_AVX512_CPU_ISA("")
+#define HINA_QUANT_AVX512_VBMI_ISA(dtype) HINA_AVX512_ISA, dtype, HINA_AVX512_CPU_ISA("-vbmi")   // cpu.cpp's isa_usable
 const QuantMicroKernel HINA_AVX512_ENTRY(quant_microkernel_avx512_int8){
     HINA_QUANT_AVX512_ISA(Dtype::int8), /*task_rows=*/256, vnni_packed_bytes, vnni_pack_tokens, vnni_pack_act,
     q_gate_up<VnniKn>, q_down<VnniKn>};
