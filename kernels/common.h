@@ -39,6 +39,7 @@ uint64_t read_avx512(const uint8_t* p, size_t n, int mode);
 double fma_avx2(int64_t iters);         // FLOPs done
 double fma_avx512(int64_t iters);
 double dpbf16_avx512(int64_t iters);
+double dpbusd_avx512(int64_t iters);
 double tdpbf16_amx(int64_t iters);
 
 // ---- Deterministic fill (fill.cpp) ---------------------------------------------------------------

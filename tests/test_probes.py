@@ -24,6 +24,7 @@ def isa_flags(name: str) -> list[str]:
 @pytest.mark.parametrize("source, flags, symbol, insn", [
     ("probes_avx512.cpp", "ISA_AVX512", "_ZN4hina13dpbf16_avx512El", "vdpbf16ps"),
     ("probes_avx512.cpp", "ISA_AVX512", "_ZN4hina10fma_avx512El", "vfmadd"),
+    ("probes_avx512.cpp", "ISA_AVX512", "_ZN4hina13dpbusd_avx512El", "vpdpbusd"),
     ("probes_avx2.cpp", "ISA_AVX2", "_ZN4hina8fma_avx2El", "vfmadd"),
 ])
 def test_peak_loop_keeps_its_ten_chains(tmp_path, source, flags, symbol, insn):
@@ -36,3 +37,16 @@ def test_peak_loop_keeps_its_ten_chains(tmp_path, source, flags, symbol, insn):
     assert len(body) == 2, f"{symbol} not in {source}'s object code"
     n = body[1].split("\n\n", 1)[0].count(insn)
     assert n >= 10, f"{n} {insn} in {symbol}: its chains were merged"
+
+
+def test_int8_rows_are_judged_against_the_int8_unit_where_there_is_one():
+    """vpdpbusd does twice vdpbf16ps's operations and four times an fp32 FMA's: an INT8 row judged
+    against those read efficiencies above 1 (a Xeon without AVX512_BF16, 2026-12-03: 1.21)."""
+    from hinabench.machine import probes
+    units = probes._C.peak_units()
+    assert probes.peak_unit("bf16") == probes.peak_unit()
+    if "avx512-vnni-int8" in units:
+        assert probes.peak_unit("int8") == "avx512-vnni-int8"
+    else:
+        assert probes.peak_unit("int8") == probes.peak_unit()
+    assert probes.peak_unit("fp8") == probes.peak_unit()   # weight-only: its FMAs are bf16/fp32

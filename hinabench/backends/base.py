@@ -84,7 +84,8 @@ class Backend(ABC):
         if getattr(self, "_state", None) is None:
             self._state = MeasureState()
         d = self.data
-        return measure_round(self.run, rnd, plan, self._state, d.buffers(), self.threads, d.groups, counter)
+        return measure_round(self.run, rnd, plan, self._state, d.buffers(), self.threads, d.groups, counter,
+                             dtype=d.problem.dtype)
 
     def perf_session(self):
         """A perf session on the process that runs the kernel (this one, for in-process backends)."""

@@ -57,12 +57,13 @@ class RoundResult:
 def measure_round(run: Callable[[int], object], rnd: int, plan: RoundPlan, state: MeasureState,
                   buffers: list[tuple[int, int]], threads: int, groups: int,
                   counter=None, read_probe: Callable[[], tuple[float, str]] | None = None,
-                  compute_probe: Callable[[], tuple[float, str]] | None = None) -> RoundResult:
+                  compute_probe: Callable[[], tuple[float, str]] | None = None,
+                  dtype: str = "bf16") -> RoundResult:
     """`counter` (a perf.PerfSession, or None) counts exactly the sample loop. The roofline's
     denominators are the CPU's (a read of `buffers`, the FMA loop) unless a backend whose weights
     live elsewhere (a GPU) gives its own `read_probe` and `compute_probe`: () -> (rate, what)."""
     read_probe = read_probe or (lambda: read_gbps(buffers, threads)[:2])
-    compute_probe = compute_probe or (lambda: peak_probe(threads))
+    compute_probe = compute_probe or (lambda: peak_probe(threads, dtype=dtype))   # the dtype's own unit
     call = state.calls
     if rnd == 0:
         dt = 0.0

@@ -27,7 +27,7 @@ from ..backends.base import Unsupported
 from ..errors import UserError
 from .loadmeter import other_load
 from .measure import RoundPlan
-from ..machine.probes import peak_gflops, remember_peak
+from ..machine.probes import peak_gflops, peak_unit, remember_peak
 from ..problems import Problem, ProblemData, diagnose, rel_err
 from .points import Point, row_key
 from .store import ResultStore, empty_row, rank_rows
@@ -131,7 +131,7 @@ def _denominators(row: dict, probes: list, peaks: list, threads: int) -> tuple[f
         peak, unit = max(peaks)
         row.update(peak_gflops_min=min(gf))
     else:                       # a backend whose measure_round took no compute probe: this process's
-        peak, unit = peak_gflops(threads)
+        peak, unit = peak_gflops(threads, peak_unit(str(row.get("dtype") or "bf16")))
         gf = [peak]
     row["peak_gflops_machine"] = remember_peak(str(row.get("fingerprint")), threads, unit, peak)
     moved = min(bws) < (1 - DENOMINATOR_SPREAD) * max(bws) or min(gf) < (1 - DENOMINATOR_SPREAD) * max(gf)

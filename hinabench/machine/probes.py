@@ -15,6 +15,10 @@ _C = load("_C")
 
 # Best first: what a BF16 kernel could use on this CPU.
 PEAK_PREFERENCE = ["amx-bf16", "avx512-bf16-dot", "avx512-fma-fp32", "avx2-fma-fp32"]
+# INT8 (W8A8) rows: the int8 dot-product unit first where the CPU has one (vpdpbusd: 128 integer ops per
+# instruction, twice vdpbf16ps's FLOPs, four times an fp32 FMA's), else the list above. Not yet probed:
+# AMX-INT8 (an AMX machine's int8 rows are judged against amx-bf16, half its rate) and AVX2's vpmaddwd.
+DTYPE_PEAK_PREFERENCE = {"int8": ["avx512-vnni-int8"]}
 
 
 def read_variants() -> list[str]:
@@ -35,9 +39,10 @@ def read_gbps(buffers: list[tuple[int, int]], threads: int, variants: list[str] 
     return per[name], name, per
 
 
-def peak_unit() -> str:
+def peak_unit(dtype: str = "bf16") -> str:
+    """The compute unit whose register-only peak is the roofline of a `dtype` kernel here."""
     units = _C.peak_units()
-    for u in PEAK_PREFERENCE:
+    for u in DTYPE_PEAK_PREFERENCE.get(dtype, []) + PEAK_PREFERENCE:
         if u in units:
             return u
     raise RuntimeError("no FMA unit usable on this CPU")
@@ -79,11 +84,11 @@ def gemm_gflops(threads: int, shape: tuple[int, int, int] = GEMM_SHAPE, reps: in
     return 2.0 * m * n * k / best / 1e9
 
 
-def peak_probe(threads: int, seconds: float = 0.03) -> tuple[float, str]:
+def peak_probe(threads: int, seconds: float = 0.03, dtype: str = "bf16") -> tuple[float, str]:
     """(GFLOP/s, unit) of one short run of the register-only loop, now, in this process: the compute
     term of the roofline measured like the read probe, beside the samples (a VM's two vCPUs can be
     SMT siblings one minute and not the next)."""
-    unit = peak_unit()
+    unit = peak_unit(dtype)
     return _C.peak_flops(unit, threads, seconds) / 1e9, unit
 
 

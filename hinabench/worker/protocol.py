@@ -230,7 +230,7 @@ class Worker:
                 self.perf = self.perf_stack.enter_context(PerfSession())  # this process: the kernel's threads
             counter = self.perf
         args = (self.peer.run, int(msg["rnd"]), plan, self.state, buffers, self.threads, d.groups)
-        res = measure_round(*args, counter) if counter is not None else measure_round(*args)
+        res = measure_round(*args, counter, dtype=d.problem.dtype)
         return {"result": res.as_dict()}
 
     def perf_result(self, msg: dict) -> dict:

@@ -93,6 +93,7 @@ std::vector<std::string> peak_units() {
   if (f.avx2 && f.fma) out.emplace_back("avx2-fma-fp32");
   if (f.avx512f) out.emplace_back("avx512-fma-fp32");
   if (isa_usable("avx512")) out.emplace_back("avx512-bf16-dot");
+  if (f.avx512f && f.avx512_vnni) out.emplace_back("avx512-vnni-int8");
   if (isa_usable("amx")) out.emplace_back("amx-bf16");
   return out;
 }
@@ -104,6 +105,7 @@ double peak_flops(const std::string& unit, int threads, double seconds) {
   double (*fn)(int64_t) = unit == "avx2-fma-fp32"     ? fma_avx2
                           : unit == "avx512-fma-fp32" ? fma_avx512
                           : unit == "avx512-bf16-dot" ? dpbf16_avx512
+                          : unit == "avx512-vnni-int8" ? dpbusd_avx512
                                                       : tdpbf16_amx;
   // Calibrate the iteration count on one thread, then run all threads together.
   int64_t iters = 1 << 14;
