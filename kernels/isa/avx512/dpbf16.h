@@ -36,17 +36,20 @@
 namespace hina {
 namespace {  // internal linkage: see glue.h, LINKAGE
 
+// The 16 even / odd bf16 of a zmm of pairs as fp32 (the low / high half of each lane).
+inline __m512 even_f32(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
+inline __m512 odd_f32(__m512i v) {
+  return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xFFFF0000u))));
+}
+
 inline __m512 dpbf16(__m512 acc, __m512bh a, __m512bh b) {
 #if defined(HINA_AVX512_NOBF16)
   __m512i ai, bi;
   static_assert(sizeof(ai) == sizeof(a), "a zmm of bf16 pairs");
   __builtin_memcpy(&ai, &a, sizeof ai);
   __builtin_memcpy(&bi, &b, sizeof bi);
-  const __m512i high = _mm512_set1_epi32(int(0xFFFF0000u));
-  acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(ai, high)),
-                        _mm512_castsi512_ps(_mm512_and_si512(bi, high)), acc);
-  return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(ai, 16)),
-                         _mm512_castsi512_ps(_mm512_slli_epi32(bi, 16)), acc);
+  acc = _mm512_fmadd_ps(odd_f32(ai), odd_f32(bi), acc);
+  return _mm512_fmadd_ps(even_f32(ai), even_f32(bi), acc);
 #else
   return _mm512_dpbf16_ps(acc, a, b);
 #endif

@@ -126,11 +126,7 @@ struct Avx512 {
 // Tried: these tiles in the AVX-512 kernel's loop nest (whole pieces, no sub-blocks) 1.17-1.41x the time
 // (4 tokens' fp32 slices of a 2048-element piece and the 4 W rows fill L1), and with 4 x 2 tiles 1.09-1.15x;
 // 4 x 2 tiles with the sub-blocks 0.96-1.09x.
-inline __m512 even_f32(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
-inline __m512 odd_f32(__m512i v) {
-  return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xFFFF0000u))));
-}
-// Position of element j of a row in the split-32 layout.
+// even_f32 / odd_f32: dpbf16.h. Position of element j of a row in the split-32 layout.
 inline int split32(int j) { return (j & ~31) | ((j & 1) << 4) | ((j & 31) >> 1); }
 
 struct Avx512F {
