@@ -36,6 +36,10 @@ namespace hina {
 namespace {  // internal linkage, on purpose: see LINKAGE above
 
 inline int imin(int a, int b) { return a < b ? a : b; }
+// Position of element j of a row in the "split-C" layout of the fp32 tiles (AVX2: C = 16, AVX-512 without
+// AVX512_BF16: 32): per chunk of C elements, the C/2 even ones, then the C/2 odd ones.
+template <int C>
+inline int split_pos(int j) { return (j & ~(C - 1)) | ((j & 1) * (C / 2)) | ((j & (C - 1)) >> 1); }
 inline int imax(int a, int b) { return a > b ? a : b; }
 
 // ---- the stores of transformations 2 and 3 (every kernel) ---------------------------------------

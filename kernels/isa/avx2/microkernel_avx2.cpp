@@ -67,9 +67,6 @@ inline __m256 odd_f32(__m256i v) {
   return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xFFFF0000u))));
 }
 
-// Position of element j of a row in the split-16 layout.
-inline int split16(int j) { return (j & ~15) | ((j & 1) << 3) | ((j & 15) >> 1); }
-
 struct Avx2 {
   using Elem = float;                // I and the activation: fp32, split-16
   using Acc = __m256;
@@ -127,7 +124,7 @@ struct Avx2 {
 
   // Transformation 2's store: fp32, split-16, so the down projection runs the same tiles.
   static void put_act(void* act, int act_K, int m, int k, float v) {
-    static_cast<float*>(act)[int64_t(m) * act_K + split16(k)] = v;
+    static_cast<float*>(act)[int64_t(m) * act_K + split_pos<kChunk>(k)] = v;
   }
 };
 

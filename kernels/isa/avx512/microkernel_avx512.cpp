@@ -126,8 +126,7 @@ struct Avx512 {
 // Tried: these tiles in the AVX-512 kernel's loop nest (whole pieces, no sub-blocks) 1.17-1.41x the time
 // (4 tokens' fp32 slices of a 2048-element piece and the 4 W rows fill L1), and with 4 x 2 tiles 1.09-1.15x;
 // 4 x 2 tiles with the sub-blocks 0.96-1.09x.
-// even_f32 / odd_f32: dpbf16.h. Position of element j of a row in the split-32 layout.
-inline int split32(int j) { return (j & ~31) | ((j & 1) << 4) | ((j & 31) >> 1); }
+// even_f32 / odd_f32: dpbf16.h; split_pos: glue.h.
 
 struct Avx512F {
   using Elem = float;                // I and the activation: fp32, split-32
@@ -178,7 +177,7 @@ struct Avx512F {
   }
   // Transformation 2's store: fp32, split-32, so the down projection runs the same tiles.
   static void put_act(void* act, int act_K, int m, int k, float v) {
-    static_cast<float*>(act)[int64_t(m) * ld(act_K) + split32(k)] = v;
+    static_cast<float*>(act)[int64_t(m) * ld(act_K) + split_pos<kChunk>(k)] = v;
   }
 };
 #endif
