@@ -53,6 +53,10 @@ def test_vllm():
     for v in ("vllm:sgl", "vllm:amx"):
         if has_bf16 and (v == "vllm:sgl" or "amx_tile" in cpu_flags()):
             assert_ok(got[v], "vllm")
+        elif v == "vllm:sgl" and "avx512f" in cpu_flags() and got[v]["status"] == "ok":
+            # a VM that hides AVX512_BF16 from cpuid while the core still executes it (a Xeon, 2026-12-03):
+            # SGLang's kernel runs, and is validated like any other
+            assert_ok(got[v], "vllm")
         else:
             assert got[v]["status"] == "unsupported" and "SIGILL" in got[v]["reason"], got[v]["reason"]
 
@@ -62,12 +66,17 @@ def test_kt():
     got = rows(["kt:amxbf16", "kt:avx2bf16", "kt:llamafile"])
     build = got["kt:avx2bf16"]["versions"]["kt_kernel_build"] if got["kt:avx2bf16"]["versions"] else None
     for name, r in got.items():
+        if name == "kt:llamafile" and build == "avx512_vbmi" and r["status"] == "wrong":
+            # kt's llamafile operator in its avx512_vbmi build (a Xeon without AVX512_BF16, 2026-12-03): a
+            # quarter of its outputs NaN. Flagged, never ranked: what the harness is for.
+            assert "NaN" in r["reason"], r["reason"]
+            continue
         assert r["status"] in ("ok", "unsupported"), (name, r["reason"])
         if r["status"] == "unsupported":
             assert any(w in r["reason"] for w in ("build for this CPU", "divisible", "not supported")), r["reason"]
         else:
             assert_ok(r, "kt")
-    if "avx512_bf16" not in cpu_flags():
+    if "avx512f" not in cpu_flags():   # an AVX2-only CPU: kt loads its avx2 build, which has no AMX class
         assert got["kt:amxbf16"]["status"] == "unsupported"
         assert build == "avx2" and got["kt:avx2bf16"]["status"] == "ok"
 
