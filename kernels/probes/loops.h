@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace hina {
 namespace {
@@ -45,7 +46,7 @@ uint64_t read_loop(const uint8_t* p, size_t n, int mode, Vec zero, Block block, 
 
 // The register-only peak loop: 10 independent chains of one instruction, acc = op(acc) (enough
 // chains to cover its latency), no memory operand; returns the FLOPs done (flops per instruction).
-// Vec is a GNU vector type (__m256, __m512): + and the first lane are generic.
+// Vec is a GNU vector type (__m256, __m512, __m512i): + and the first lane are generic.
 template <class Vec, class Op>
 double peak_loop(Vec init, Op op, double flops, int64_t iters) {
   constexpr int kChains = 10;
@@ -56,7 +57,12 @@ double peak_loop(Vec init, Op op, double flops, int64_t iters) {
   // 2026-12-03 (its peak read 10x one chain's latency-bound rate, 384 GFLOP/s per Zen 4 core against
   // ~225 of throughput); the offset keeps the starts apart whatever init is.
   #pragma GCC unroll 10
-  for (int j = 0; j < kChains; ++j) a[j] = init * (1.0f + 0.0078125f * float(j)) + 0.0078125f * float(j);
+  for (int j = 0; j < kChains; ++j) {
+    if constexpr (std::is_floating_point_v<std::remove_reference_t<decltype(init[0])>>)
+      a[j] = init * (1.0f + 0.0078125f * float(j)) + 0.0078125f * float(j);
+    else
+      a[j] = init + j;   // integer lanes (vpdpbusd's int32 sums): starts j apart
+  }
   for (int64_t i = 0; i < iters; ++i) {
     #pragma GCC unroll 10
     for (int j = 0; j < kChains; ++j) a[j] = op(a[j]);

@@ -32,22 +32,9 @@ double dpbf16_avx512(int64_t iters) {
 
 // vpdpbusd on 16 int32 lanes: 16 x 4 u8 x s8 products x (mul + add) = 128 integer ops per instruction:
 // the compute roofline of INT8 (W8A8) kernels on VNNI (an FP32 or BF16 peak understates it 4x / 2x).
-// Ten chains from distinct starts (as peak_loop's), summed into a volatile at the end.
 double dpbusd_avx512(int64_t iters) {
-  constexpr int kChains = 10;
   const __m512i x = _mm512_set1_epi32(0x01010101), y = _mm512_set1_epi32(0x01020304);
-  __m512i a[kChains];
-  #pragma GCC unroll 10
-  for (int j = 0; j < kChains; ++j) a[j] = _mm512_set1_epi32(j);
-  for (int64_t i = 0; i < iters; ++i) {
-    #pragma GCC unroll 10
-    for (int j = 0; j < kChains; ++j) a[j] = _mm512_dpbusd_epi32(a[j], x, y);
-  }
-  __m512i s = a[0];
-  for (int j = 1; j < kChains; ++j) s = _mm512_add_epi32(s, a[j]);
-  volatile int sink = _mm512_reduce_add_epi32(s);
-  (void)sink;
-  return double(iters) * kChains * 128;
+  return peak_loop(_mm512_setzero_si512(), [=](__m512i a) { return _mm512_dpbusd_epi32(a, x, y); }, 128, iters);
 }
 
 }  // namespace hina

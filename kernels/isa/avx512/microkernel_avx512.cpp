@@ -128,9 +128,9 @@ struct Avx512 {
 // 4 x 2 tiles with the sub-blocks 0.96-1.09x.
 // even_f32 / odd_f32: dpbf16.h; split_pos: glue.h.
 
-struct Avx512F {
+// Avx512's accumulators, horizontal sums and prefetches; its own operands, layout and blocking.
+struct Avx512F : Avx512 {
   using Elem = float;                // I and the activation: fp32, split-32
-  using Acc = __m512;
   struct X { __m512 even, odd; };    // 32 elements of a token's I
   struct W { __m512 even, odd; };    // 32 elements of a W row, as fp32
   static constexpr int kChunk = 32;
@@ -142,7 +142,6 @@ struct Avx512F {
       /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/8,
       /*decode_short_prefetch=*/2};
 
-  static Acc zero() { return _mm512_setzero_ps(); }
   static X load_x(const float* p) { return {_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16)}; }
   static W load_w(const bf16_t* p) {
     const __m512i v = _mm512_loadu_si512(p);
@@ -152,11 +151,6 @@ struct Avx512F {
     acc = _mm512_fmadd_ps(w.odd, x.odd, acc);
     return _mm512_fmadd_ps(w.even, x.even, acc);
   }
-  static void prefetch(const bf16_t* p) { __builtin_prefetch(p, 0, 3); }
-  static void prefetch_l2(const bf16_t* p) { __builtin_prefetch(p, 0, 2); }
-  static float hsum(Acc v) { return vec512::hsum16(v); }
-  static __attribute__((always_inline)) __m512 hsum16(const Acc (&v)[16]) { return vec512::hsum16x16(v); }
-  static void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 
   // rows 64 bytes longer than K (as the bf16 kernel's, for the same L1 sets)
   static int64_t ld(int K) { return int64_t(K) + 16; }
