@@ -590,6 +590,17 @@ constexpr float kF8Unscale = 0x1p-120f;
 // with less around them. Side by side on the Xeon without AVX512_BF16 (2026-12-03, same process, 5 and
 // 8 rounds, the order swapped) the two forms at T = 2..8 were within each other's noise (0.70-1.05x,
 // the later-run build ahead either way): kept for its fewer instructions, not for a measured gain.
+// The wide step converts every row's 64 weights first and then, per 16, loads the tokens' fp32 once
+// for all the tile's rows (was: per row, the tokens re-read): same process, the two builds alternated
+// twice, T = 2 / 4 / 8 0.96-0.99x the time (Mixtral-8x7B, Qwen3-30B-A3B), bit-identical. Where the
+// time goes (this Xeon, one thread, a tile's loop over data in L1): ~6.2 ns per row and 64 weights at
+// 2 rows x 4 tokens (~19 cycles for its 16 FMAs, 2 vpermt2b of 2 cycles each and 7 unpacks); a plain
+// fp32 tile over weights already fp32 in L1 takes 4.5 (2 rows) / 3.1 (4 rows) ns: the FMAs are the
+// floor, four times INT8's vpdpbusd count, so FP8 at T = 4 stays ~0.6x INT8's speed (21.0 against
+// 13.1 ms, Mixtral-8x7B) on a CPU without a BF16 dot product. Tried and not kept: the e4m3 bits moved
+// into fp32 lanes by a shift and a mask (the AVX2 kernel's form; no table): 0.9x the loop's time on
+// normal weights, ~80x with one subnormal code in 15, whose fp32 denormals make every FMA that reads
+// them take a microcode assist on this core (see quant_avx2.cpp).
 inline bool f8_widen(int M) { return M >= 2; }
 #elif defined(HINA_EMU_AVX512)
 inline bool f8_widen(int M) { return M >= 2 && M % 2 == 0; }
@@ -634,6 +645,8 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const void
                        float* c, int ldc, const int8_t* const* nxt) {
   const F8Tables tab;
   const __m512i zero = _mm512_setzero_si512();
+  const float* xs[TT];   // the wide form's token rows (locals: not re-read through xp every step)
+  for (int t = 0; t < TT; ++t) xs[t] = static_cast<const float*>(xp[t]);
   constexpr bool kRegs = kWide || R * TT <= 8;   // the sums across blocks in registers, else in L1
   alignas(64) float accm[R * TT * 16];    // the bf16 form's sums across blocks (in L1)
   __m512 acc[R][TT];                       // the wide form's (in registers: T = 4 from L3 2.89-2.91 ms
@@ -648,30 +661,43 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const void
   for (int k0 = kb0, bi = kb0 / 128; k0 < kb1; k0 += 128, ++bi) {
     const int k1 = k0 + 128 < kb1 ? k0 + 128 : kb1;
     if constexpr (PF == 2) prefetch_l2_rows<R>(nxt, k0 - kb0, k1 - k0);
-    __m512 blk[R][TT];
+    __m512 blk[R][TT], blk2[R];
     #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r) {
+      blk2[r] = _mm512_setzero_ps();
       #pragma GCC unroll 8
       for (int t = 0; t < TT; ++t) blk[r][t] = _mm512_setzero_ps();
+    }
     // a step of 64 weights; kHalf: the last 32 (K is a multiple of 32), the rest read as 0
     auto step = [&](int k, auto half_c) HINA_VBMI {
       constexpr bool half = decltype(half_c)::value;
       if constexpr (kWide) {
+        // every row's 64 weights as bf16 words first (2 registers a row), then per 16 of them: the
+        // tokens' 16 fp32 loaded once for all rows, each row's 16 widened (one vpunpck) just before its
+        // FMAs; one token (a tile's tail): two sums a row (even and odd q), 2R FMA chains
+        __m512i lo[R], hi[R];
         #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           __m512i h, l;
           f8_bytes(half ? _mm512_maskz_loadu_epi64(0x0F, w[r] + k) : _mm512_loadu_si512(w[r] + k), tab, h, l);
-          const __m512i lo = _mm512_unpacklo_epi8(l, h), hi = _mm512_unpackhi_epi8(l, h);   // bf16 words
-          const __m512 f[4] = {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, lo)),
-                               _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, lo)),
-                               _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, hi)),
-                               _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, hi))};
+          lo[r] = _mm512_unpacklo_epi8(l, h);
+          hi[r] = _mm512_unpackhi_epi8(l, h);
+        }
+        #pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) {
+          __m512 xv[TT];
           #pragma GCC unroll 8
-          for (int t = 0; t < TT; ++t)
-            #pragma GCC unroll 4
-            for (int q = 0; q < 4; ++q)
-              blk[r][t] = _mm512_fmadd_ps(f[q], _mm512_loadu_ps(static_cast<const float*>(xp[t]) + k + 16 * q),
-                                          blk[r][t]);
+          for (int t = 0; t < TT; ++t) xv[t] = _mm512_loadu_ps(xs[t] + k + 16 * q);
+          #pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            const __m512i b = q < 2 ? lo[r] : hi[r];
+            const __m512 f = _mm512_castsi512_ps(q % 2 ? _mm512_unpackhi_epi16(zero, b) : _mm512_unpacklo_epi16(zero, b));
+            #pragma GCC unroll 8
+            for (int t = 0; t < TT; ++t) {
+              if (TT == 1 && q % 2) blk2[r] = _mm512_fmadd_ps(f, xv[t], blk2[r]);
+              else blk[r][t] = _mm512_fmadd_ps(f, xv[t], blk[r][t]);
+            }
+          }
         }
       } else {
         __m512i xa[TT], xb[TT];
@@ -697,6 +723,9 @@ HINA_VBMI void f8_tile(const int8_t* const* w, const float* const* s, const void
     int k = k0;
     for (; k + 64 <= k1; k += 64) step(k, std::false_type{});
     if (k < k1) step(k, std::true_type{});
+    if constexpr (kWide && TT == 1)
+      #pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) blk[r][0] = _mm512_add_ps(blk[r][0], blk2[r]);
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 sv = _mm512_set1_ps(s[r][bi] * kF8Unscale);
