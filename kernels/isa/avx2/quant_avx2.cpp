@@ -32,6 +32,18 @@
 // Per 128-element K block: fp32 block accumulators, then acc += block * (scale_inv * 2^120).
 // This is the "unpack once, reuse across the block's tokens" of SGLang's FP8 path done in registers
 // (a W chunk is unpacked once per tile of up to 4 tokens), not through an L1/L2 bf16 buffer.
+// A cost that depends on the data: a subnormal e4m3 (exponent 0, mantissa 1..7) becomes an fp32
+// denormal here, and on Intel cores every FMA that reads one takes a microcode assist (DAZ is off, as
+// it must be for exact results). Measured on a Xeon (family 6 model 207, 2026-12-03, 2 threads, the
+// problem's codes with a seeded fraction f replaced by subnormals of the same sign): Mixtral-8x7B T = 1
+// 13.1 / 13.5 / 20.4 ms at f = 0 / 1e-4 / 1e-3, T = 4 26.6 / 29.5 at 0 / 1e-4; Qwen3-30B-A3B T = 4
+// 3.2 / 3.6 / 6.6 / 36 ms at 0 / 1e-4 / 1e-3 / 1e-2. hinabench.quant's 128x128 quantization of
+// Gaussian weights gives f ~1e-4, of Student-t (nu = 3, 4) weights 5e-4..1e-3; the problems' own
+// fill gives none, so the suites' rows do not show it. The AVX-512 FP8 kernel's table conversion is
+// exact to bf16 normals and does not slow down (2.6 ms at every f). Not built: a per-chunk test for
+// codes 1..7 with a corrected slow path (about 3 more ops per 32 weights on every chunk), or the
+// renormalising conversion of half-to-float routines (about 9 more per 8); AMD cores are not
+// known to take such assists and were not measured with subnormals.
 //
 // Tiles: R W rows x TT tokens, rows in the outer loop and the tokens' tiles inside, so a task's
 // W rows stream from memory once (R rows' slice stays in L1/L2 across the token tiles); the decode
