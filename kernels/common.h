@@ -41,6 +41,8 @@ double fma_avx512(int64_t iters);
 double dpbf16_avx512(int64_t iters);
 double dpbusd_avx512(int64_t iters);
 double tdpbf16_amx(int64_t iters);
+double maddwd_avx2(int64_t iters);       // integer ops done
+double tdpbssd_amx(int64_t iters);
 
 // ---- Deterministic fill (fill.cpp) ---------------------------------------------------------------
 // bf16 values from a counter-based hash of (seed, index): independent of the thread count.

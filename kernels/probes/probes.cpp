@@ -87,26 +87,40 @@ double read_pass(const std::vector<Buffer>& bufs, int threads, const std::string
   return std::chrono::duration<double>(t1 - t0).count();
 }
 
+namespace {
+
+struct PeakUnit {
+  const char* name;
+  double (*fn)(int64_t);
+  bool (*usable)();
+};
+
+// Every register-only loop, with the cpuid test that lets it run (AMX: the OS grant too).
+const PeakUnit kPeakUnits[] = {
+    {"avx2-fma-fp32", fma_avx2, [] { return cpu_features().avx2 && cpu_features().fma; }},
+    {"avx2-int16-madd", maddwd_avx2, [] { return cpu_features().avx2; }},
+    {"avx512-fma-fp32", fma_avx512, [] { return cpu_features().avx512f; }},
+    {"avx512-bf16-dot", dpbf16_avx512, [] { return isa_usable("avx512"); }},
+    {"avx512-vnni-int8", dpbusd_avx512, [] { return cpu_features().avx512f && cpu_features().avx512_vnni; }},
+    {"amx-bf16", tdpbf16_amx, [] { return isa_usable("amx"); }},
+    {"amx-int8", tdpbssd_amx, [] { return isa_usable("amx") && cpu_features().amx_int8; }},
+};
+
+}  // namespace
+
 std::vector<std::string> peak_units() {
   std::vector<std::string> out;
-  const auto& f = cpu_features();
-  if (f.avx2 && f.fma) out.emplace_back("avx2-fma-fp32");
-  if (f.avx512f) out.emplace_back("avx512-fma-fp32");
-  if (isa_usable("avx512")) out.emplace_back("avx512-bf16-dot");
-  if (f.avx512f && f.avx512_vnni) out.emplace_back("avx512-vnni-int8");
-  if (isa_usable("amx")) out.emplace_back("amx-bf16");
+  for (const auto& u : kPeakUnits)
+    if (u.usable()) out.emplace_back(u.name);
   return out;
 }
 
 double peak_flops(const std::string& unit, int threads, double seconds) {
-  auto units = peak_units();
-  if (std::find(units.begin(), units.end(), unit) == units.end())
-    throw std::invalid_argument("peak unit '" + unit + "' is not usable on this CPU");
-  double (*fn)(int64_t) = unit == "avx2-fma-fp32"     ? fma_avx2
-                          : unit == "avx512-fma-fp32" ? fma_avx512
-                          : unit == "avx512-bf16-dot" ? dpbf16_avx512
-                          : unit == "avx512-vnni-int8" ? dpbusd_avx512
-                                                      : tdpbf16_amx;
+  const PeakUnit* u = nullptr;
+  for (const auto& c : kPeakUnits)
+    if (unit == c.name && c.usable()) u = &c;
+  if (!u) throw std::invalid_argument("peak unit '" + unit + "' is not usable on this CPU");
+  double (*fn)(int64_t) = u->fn;
   // Calibrate the iteration count on one thread, then run all threads together.
   int64_t iters = 1 << 14;
   for (;;) {

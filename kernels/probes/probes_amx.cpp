@@ -1,4 +1,4 @@
-// AMX BF16 peak loop (compiled with -mamx-*; called only when cpuid says AMX and the OS granted
+// AMX BF16 and INT8 peak loops (compiled with -mamx-*; called only when cpuid says AMX and the OS granted
 // XTILEDATA to this process).
 #include "isa/amx/tiles.h"  // <immintrin.h> with a _tile_loadconfig GCC 12 cannot drop stores around
 
@@ -8,8 +8,12 @@
 
 namespace hina {
 
-// tdpbf16ps on full 16x16 fp32 tiles: 16 x 16 x 32 products x 2 = 16384 FLOP per instruction.
-double tdpbf16_amx(int64_t iters) {
+namespace {
+
+// Four independent C tiles (tmm0..3) over two A and two B tiles, each `op` a full 16 x 16 x K step:
+// four chains to cover the instruction's latency, operands in tiles (no memory in the loop).
+template <class Op>
+void tile_peak_loop(const void* operand, int64_t iters, Op op) {
   TileConfig cfg;
   std::memset(&cfg, 0, sizeof(cfg));
   cfg.palette_id = 1;
@@ -18,28 +22,49 @@ double tdpbf16_amx(int64_t iters) {
     cfg.colsb[t] = 64;
   }
   _tile_loadconfig(&cfg);
-  alignas(64) static thread_local uint16_t buf[16 * 32];
-  for (int i = 0; i < 16 * 32; ++i) buf[i] = 0x3f80;
-  _tile_loadd(4, buf, 64);
-  _tile_loadd(5, buf, 64);
-  _tile_loadd(6, buf, 64);
-  _tile_loadd(7, buf, 64);
+  _tile_loadd(4, operand, 64);
+  _tile_loadd(5, operand, 64);
+  _tile_loadd(6, operand, 64);
+  _tile_loadd(7, operand, 64);
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  for (int64_t i = 0; i < iters; ++i) {
+  for (int64_t i = 0; i < iters; ++i) op();
+  alignas(64) static thread_local int32_t out[16 * 16];
+  _tile_stored(0, out, 64);
+  _tile_release();
+  volatile int32_t sink = out[0];
+  (void)sink;
+}
+
+}  // namespace
+
+// tdpbf16ps on full 16x16 fp32 tiles: 16 x 16 x 32 products x 2 = 16384 FLOP per instruction.
+double tdpbf16_amx(int64_t iters) {
+  alignas(64) static thread_local uint16_t buf[16 * 32];
+  for (int i = 0; i < 16 * 32; ++i) buf[i] = 0x3f80;
+  tile_peak_loop(buf, iters, [] {
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
-  }
-  alignas(64) static thread_local float out[16 * 16];
-  _tile_stored(0, out, 64);
-  _tile_release();
-  volatile float sink = out[0];
-  (void)sink;
+  });
   return double(iters) * 4 * 16384;
+}
+
+// tdpbssd (s8 x s8 -> s32, the INT8 kernel's instruction) on full 16x16 int32 tiles: 16 x 16 x 64
+// products x 2 = 32768 integer ops per instruction, twice tdpbf16ps's.
+double tdpbssd_amx(int64_t iters) {
+  alignas(64) static thread_local int8_t buf[16 * 64];
+  for (int i = 0; i < 16 * 64; ++i) buf[i] = int8_t(1 + (i & 3));
+  tile_peak_loop(buf, iters, [] {
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+  });
+  return double(iters) * 4 * 32768;
 }
 
 }  // namespace hina

@@ -1,4 +1,4 @@
-// AVX2 read loops and FMA peak loop (compiled with -mavx2 -mfma; called only after a cpuid check).
+// AVX2 read loops and FMA and int16 multiply-add peak loops (compiled with -mavx2 -mfma; called only after a cpuid check).
 #include <immintrin.h>
 
 #include "common.h"
@@ -27,6 +27,20 @@ uint64_t read_avx2(const uint8_t* p, size_t n, int mode) {
 double fma_avx2(int64_t iters) {
   const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
   return peak_loop(_mm256_set1_ps(1.0f), [=](__m256 a) { return _mm256_fmadd_ps(a, x, y); }, 8 * 2, iters);
+}
+
+// vpmaddwd + vpaddd on 16 int16 pairs: 16 multiply-adds, 32 integer ops per pair of instructions; the
+// AVX2 INT8 kernel's step per token and 16 weights (quant_avx2.cpp: no VNNI, W and x widened to int16).
+// The products do not depend on the chain (as the kernel's do not), so an empty asm tells the compiler
+// that x changes at every step: without it the loop-invariant vpmaddwd is hoisted and the loop times
+// the adds alone.
+double maddwd_avx2(int64_t iters) {
+  const __m256i y = _mm256_set1_epi16(-2);
+  __m256i x = _mm256_set1_epi16(3);
+  return peak_loop(_mm256_set1_epi32(1), [=](__m256i a) mutable {
+    asm volatile("" : "+x"(x));
+    return _mm256_add_epi32(a, _mm256_madd_epi16(x, y));
+  }, 32, iters);
 }
 
 }  // namespace hina
