@@ -26,8 +26,8 @@
 //   tasks 2.01. A copy of the tile's 16 rows into a contiguous buffer first (read as one stream),
 //   L2 or L1 prefetches of the next tile's rows (in their memory order, or at the same offsets) and
 //   of the same rows 512 / 1024 bytes ahead were all slower (2.5-4.6 ms at their stages).
-// Kept instead: with M <= 4 tokens an expert's gate/up and down run on the AVX-512 VNNI kernel
-// (quant_avx512.cpp, vpdpbusd on the same int8 rows; every AMX CPU has it), as SGLang's and
+// Kept instead: with few tokens (M <= 4 then, 8 now: below) an expert's gate/up and down run on the
+// AVX-512 VNNI kernel (quant_avx512.cpp, vpdpbusd on the same int8 rows; every AMX CPU has it), as SGLang's and
 // kt-kernel's INT8 MoE use AVX-512 for few tokens and AMX for many: Qwen3 T = 1 / 2 / 4 1.81 / 1.92 /
 // 2.11 ms against the tiles' 2.82 / 3.15 / 3.11, Mixtral 12.7 / 13.9 / 14.6 against 15.1 / 15.4 /
 // 16.6. The dispatch is by the expert's M, the same in the pack and the tiles' calls, so one call
@@ -464,10 +464,16 @@ struct ByTokens {
     return {"amx", dtype, "amx", /*task_rows=*/256, packed_bytes, pack_tokens, pack_act, gate_up, down};
   }
 };
-// INT8: M <= 4 on the AVX-512 VNNI kernel; FP8: M <= 4 on the AVX-512 FP8 kernel (quant_avx512.cpp). FP8's
+// INT8: M <= 8 on the AVX-512 VNNI kernel; FP8: M <= 4 on the AVX-512 FP8 kernel (quant_avx512.cpp). FP8's
 // tiles from M = 2 instead (2026-12-02, Qwen3-30B-A3B shapes, all 8 experts, from DRAM, builds alternated
 // twice): T = 2 3.86-3.91 ms against 2.19-2.23, T = 4 3.78-3.80 against 3.11.
-using Int8ByTokens = ByTokens<quant_microkernel_avx512_int8, amx_int8_tiles, 4>;
+// INT8's split was at M <= 4 until the VNNI kernel gained its 8-token tiles' pair packing and prefetch;
+// then (2026-12-03, AMX Xeon, isa "amx" against "avx512" in one process, every token on the same top-k
+// experts, weights rotated past the L3, 5-7 alternated rounds, median ms) the VNNI kernel took
+// Mixtral-8x7B M = 5 / 6 / 8 15.35 / 15.59 / 15.50 against the tiles' 15.96 / 16.02 / 16.25, Qwen3-30B-A3B
+// M = 6 / 7 / 8 1.96 / 2.00 / 1.99 against 1.99 / 2.00 / 2.04; from M = 10 the tiles win (Qwen3 M = 10 / 12
+// 2.07 / 2.11 against 2.42 / 2.65, Mixtral M = 12 16.69 against 19.72).
+using Int8ByTokens = ByTokens<quant_microkernel_avx512_int8, amx_int8_tiles, 8>;
 using Fp8ByTokens = ByTokens<quant_microkernel_avx512_fp8, amx_fp8_tiles, 4>;
 }  // namespace
 const QuantMicroKernel quant_microkernel_amx_int8 = Int8ByTokens::entry(Dtype::int8);
