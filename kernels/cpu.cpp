@@ -67,7 +67,7 @@ const CpuFeatures& cpu_features() {
 bool isa_usable(const std::string& isa) {
   const auto& f = cpu_features();
   if (isa == "scalar") return true;
-  if (isa == "avx2") return f.avx2 && f.fma;
+  if (isa == "avx2") return f.avx2 && f.fma && f.f16c;   // the sources are built with -mf16c (FP8 uses it)
   if (isa == "avx512") return f.avx512f && f.avx512bw && f.avx512vl && f.avx512_bf16;
   // the same AVX-512 sources built without AVX512_BF16 (isa/avx512/dpbf16.h); VNNI for the INT8 kernel:
   // Cascade Lake, Ice Lake, and every AVX512_BF16 CPU we know (Skylake-SP stays on avx2)

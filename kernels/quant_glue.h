@@ -165,23 +165,24 @@ void i8_pack_act(const float* act, int M, int K, int group, void* out) {
 
 // c[r * ldc + t] = sum_groups s_w[r][grp] * s_x[t][grp] * sum_{k in grp} W_r[k] * X_t[k]
 // ================================ FP8: the token side ===========================================
-constexpr float kTwo120 = 1.329227995784916e36f;  // 2^120: the e4m3 -> fp32 bit move's factor
-inline int fp8_pos(int k) { return (k & ~31) | ((k & 3) << 3) | ((k & 31) >> 2); }
+constexpr float kTwo120 = 1.329227995784916e36f;  // 2^120: an e4m3 -> fp32 bit move's factor (AMX's)
+// The AVX2 kernel turns e4m3 into fp16 bits (the value x 2^-8) and F16C into fp32: the tiles' block
+// scales arrive x 2^8 (rows_tokens below; the AVX-512 kernel, which shares the loop, takes it back out).
+constexpr float kF8ScaleUp = 256.0f;
 
 size_t f8_packed_bytes(int M, int K, int) { return size_t(M) * K * sizeof(float); }
 
+// fp8 tokens: fp32 in their own order (the AVX2 kernel's four converted vectors are k0..k0+31 in order)
 void f8_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int, void* I) {
   float* d = static_cast<float*>(I);
   for (int m = 0; m < M; ++m) {
     const bf16_t* src = x + int64_t(rows[m]) * ldx;
-    for (int k = 0; k < K; ++k) d[int64_t(m) * K + fp8_pos(k)] = bf16_to_f32(src[k]);
+    for (int k = 0; k < K; ++k) d[int64_t(m) * K + k] = bf16_to_f32(src[k]);
   }
 }
 
 void f8_pack_act(const float* act, int M, int K, int, void* out) {
-  float* d = static_cast<float*>(out);
-  for (int m = 0; m < M; ++m)
-    for (int k = 0; k < K; ++k) d[int64_t(m) * K + fp8_pos(k)] = act[int64_t(m) * K + k];
+  std::memcpy(out, act, size_t(M) * K * sizeof(float));
 }
 
 // ================================ the shared loop: rows x token tiles ============================
@@ -193,7 +194,7 @@ template <class Kn, int R, int PF>
 void rows_tokens(const int8_t* const* rows, const float* const* srows, int n, const void* I, int M, int K,
                  int group, int kb, float* c) {
   const int nblk = (K + 127) / 128;
-  float scaled[R * 1024];  // fp8: this tile's block scales x 2^120 (K <= 131072)
+  float scaled[R * 1024];  // fp8: this tile's block scales x 2^8 (K <= 131072)
   for (int64_t i = 0; i < int64_t(n) * M; ++i) c[i] = 0.f;
   for (int kb0 = 0; kb0 < K; kb0 += kb) {
     const int kb1 = kb0 + kb < K ? kb0 + kb : K;
@@ -206,7 +207,7 @@ void rows_tokens(const int8_t* const* rows, const float* const* srows, int n, co
         w[q] = rows[r + q];
         if constexpr (Kn::dtype == Dtype::fp8) {
           float* dst = scaled + q * nblk;
-          for (int b = kb0 / 128; b < (kb1 + 127) / 128; ++b) dst[b] = srows[r + q][b] * kTwo120;
+          for (int b = kb0 / 128; b < (kb1 + 127) / 128; ++b) dst[b] = srows[r + q][b] * kF8ScaleUp;
           sw[q] = dst;
         } else {
           sw[q] = srows[r + q];

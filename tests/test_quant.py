@@ -162,9 +162,10 @@ def test_fp8_kernels_read_every_e4m3_value(isa, which):
     """Every finite e4m3 byte (zeros of both signs, the subnormals m * 2^-9, the largest, 448) in the
     weights of each FP8 path, which turn them into fp32 or bf16 each its own way (the AVX-512 one
     and the AMX unpack by byte tables); and weights of subnormals and zeros only, where a wrong value
-    of theirs is not lost among the larger ones. Their block scale is 64 there: the AVX2 kernel's bit
-    move computes with the weights 2^-120 lower, so a subnormal e4m3 is an fp32 subnormal in it, and
-    with the ~1e-8 intermediates a 1/448 scale gives, its products underflow (rel_err 0.88)."""
+    of theirs is not lost among the larger ones. Their block scale is 64 there: until 2026-12-03 the
+    AVX2 kernel's bit move computed with the weights 2^-120 lower, so a subnormal e4m3 was an fp32
+    subnormal in it, and with the ~1e-8 intermediates a 1/448 scale gives, its products underflowed
+    (rel_err 0.88); its fp16 step (weights 2^-8 lower, fp32 normals) does not."""
     E, H, I, T = 1, 256, 128, 3
     keep = (lambda b: b & 0x7F != 0x7F) if which == "finite" else (lambda b: b & 0x78 == 0)
     codes = torch.tensor([b for b in range(256) if keep(b)], dtype=torch.uint8)   # 254 (no NaN) or 16

@@ -22,29 +22,29 @@
 //   to even: the same steps as hinabench.quant.quantize_act); the SiLU(gate)*up intermediate is
 //   kept in fp32 by gate_up's store and re-quantized per token and group by pack_act for down.
 //
-// FP8 e4m3 weight-only. No FP8 hardware: each 32-byte chunk of a W row is turned into fp32 in
-// registers with integer ops only: in each 32-bit lane (bytes b0..b3), byte b is moved to bits
-// 24..31, shifted arithmetically right by 4 and masked with 0x87F00000 -- sign at bit 31, the four
-// exponent bits at 26..23, the three mantissa bits at 22..20: exactly the e4m3 value times 2^-120
-// (subnormals included); the 2^120 is folded into the block scale. Per 32 weights: 1 load and 11
-// integer ops per row (shared by the tile's tokens), 4 FMAs per token. The token operand is written
-// by the gather in the matching order (per 32: elements 4i, 4i+1, 4i+2, 4i+3 as four vectors).
-// Per 128-element K block: fp32 block accumulators, then acc += block * (scale_inv * 2^120).
+// FP8 e4m3 weight-only. No FP8 hardware: each 32-byte chunk of a W row is turned into fp16 bits with
+// integer ops and into fp32 with F16C. e4m3 and fp16 have the same form (sign, exponent, mantissa,
+// subnormals below the smallest exponent), fp16 with one more exponent bit and seven more mantissa
+// bits: a byte placed at the top of a 16-bit lane (vpunpck{l,h}bw with zero), shifted arithmetically
+// right by 1 and masked with 0xBF80 is exactly the e4m3 value times 2^-8, subnormals included; the
+// 2^8 is folded into the block scale. vcvtph2ps turns fp16 subnormals into fp32 normals. Per 32
+// weights: 1 load, 2 unpacks, 2 shifts, 2 ands, 2 lane extracts and 4 vcvtph2ps per row (shared by
+// the tile's tokens), 4 FMAs per token; the tokens are plain fp32 in order (the four vectors are
+// weights 0-7, 8-15, 16-23, 24-31 of the chunk).
+// Per 128-element K block: fp32 block accumulators, then acc += block * (scale_inv * 2^8).
 // This is the "unpack once, reuse across the block's tokens" of SGLang's FP8 path done in registers
 // (a W chunk is unpacked once per tile of up to 4 tokens), not through an L1/L2 bf16 buffer.
-// A cost that depends on the data: a subnormal e4m3 (exponent 0, mantissa 1..7) becomes an fp32
-// denormal here, and on Intel cores every FMA that reads one takes a microcode assist (DAZ is off, as
-// it must be for exact results). Measured on a Xeon (family 6 model 207, 2026-12-03, 2 threads, the
-// problem's codes with a seeded fraction f replaced by subnormals of the same sign): Mixtral-8x7B T = 1
-// 13.1 / 13.5 / 20.4 ms at f = 0 / 1e-4 / 1e-3, T = 4 26.6 / 29.5 at 0 / 1e-4; Qwen3-30B-A3B T = 4
-// 3.2 / 3.6 / 6.6 / 36 ms at 0 / 1e-4 / 1e-3 / 1e-2. hinabench.quant's 128x128 quantization of
-// Gaussian weights gives f ~1e-4, of Student-t (nu = 3, 4) weights 5e-4..1e-3; the problems' own
-// fill gives none, so the suites' rows do not show it. The AVX-512 FP8 kernel's table conversion is
-// exact to bf16 normals and does not slow down (2.6 ms at every f). Not built: a per-chunk test for
-// codes 1..7 with a corrected slow path (about 3 more ops per 32 weights on every chunk), or the
-// renormalising conversion of half-to-float routines (about 9 more per 8); AMD cores are not
-// known to take such assists and were not measured with subnormals.
-//
+// Until 2026-12-03 the chunk went straight to fp32 bits (byte at bits 24..31 of a 32-bit lane,
+// arithmetic shift right by 4, mask 0x87F00000: the value times 2^-120; 11 integer ops per 32). That
+// made a subnormal e4m3 (exponent 0, mantissa 1..7) an fp32 denormal, and on Intel cores every FMA
+// reading one takes a microcode assist (DAZ is off, as it must be for exact results). Measured on a
+// Xeon (family 6 model 207, 2 threads, the problem's codes with a seeded fraction f replaced by
+// subnormals of the same sign): Mixtral-8x7B T = 1 13.1 / 13.5 / 20.4 ms at f = 0 / 1e-4 / 1e-3, T = 4
+// 26.6 / 29.5 at 0 / 1e-4; Qwen3-30B-A3B T = 4 3.2 / 3.6 / 6.6 / 36 ms at 0 / 1e-4 / 1e-3 / 1e-2.
+// hinabench.quant's 128x128 quantization of Gaussian weights gives f ~1e-4, of Student-t (nu = 3, 4)
+// weights 5e-4..1e-3. A register loop on the AMX Xeon (2 W rows, 1 / 4 tokens, data in L1; ns per 32
+// weights and row pair): the bit move 3.5 / 4.2-4.4 at f = 0, 4.4 / 7.3-7.4 at f = 1e-3; the fp16
+// step 3.5 / 4.1-4.4 at both.
 // Tiles: R W rows x TT tokens, rows in the outer loop and the tokens' tiles inside, so a task's
 // W rows stream from memory once (R rows' slice stays in L1/L2 across the token tiles); the decode
 // blocking (rows per tile, the next tile's L2 prefetch, gate/up interleave) is kAvx2Blocking below.
@@ -128,16 +128,19 @@ inline void i8_tile(const int8_t* const* w, const float* const* sw, const int16_
 struct F8W { __m256 v[4]; };
 inline F8W f8_load(const int8_t* p) {
   const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i mask = _mm256_set1_epi32(int(0x87F00000u));
+  const __m256i zero = _mm256_setzero_si256(), mask = _mm256_set1_epi16(int16_t(0xBF80));
+  // in-lane unpacks: lo holds bytes 0-7 | 16-23, hi bytes 8-15 | 24-31, each at the top of a 16-bit lane
+  const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(zero, b), 1), mask);
+  const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(zero, b), 1), mask);
   F8W w;
-  w.v[0] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(b, 24), 4), mask));
-  w.v[1] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(b, 16), 4), mask));
-  w.v[2] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(b, 8), 4), mask));
-  w.v[3] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(b, 4), mask));
+  w.v[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(lo));
+  w.v[1] = _mm256_cvtph_ps(_mm256_castsi256_si128(hi));
+  w.v[2] = _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1));
+  w.v[3] = _mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1));
   return w;
 }
 
-// c[r * ldc + t] = sum_blocks s[r][blk] * sum_{k in blk} W_r[k] * X_t[k]   (s already x 2^120)
+// c[r * ldc + t] = sum_blocks s[r][blk] * sum_{k in blk} W_r[k] * X_t[k]   (s already x 2^8)
 template <int R, int TT, int PF>
 inline void f8_tile(const int8_t* const* w, const float* const* s, const float* const* x, int kb0,
                     int kb1, float* c, int ldc, const int8_t* const* nxt) {

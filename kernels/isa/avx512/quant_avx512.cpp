@@ -572,11 +572,10 @@ struct VnniKn {
 // where INT8's vpdpbusd takes 64) and, on that machine, its compute does not overlap its stream.
 // Tried and not kept: a second set of accumulators (the two vdpbf16ps of a step on separate chains),
 // 2.97 -> 3.05 ms at T = 4 from L3.
-// Unlike the AVX2 kernel's bit move (weights 2^-120 low, fp32 subnormals for subnormal e4m3) every
-// weight is a normal number (a product with a tiny activation can still underflow, and vdpbf16ps
-// flushes subnormals).
-// the scales arrive x 2^120 (quant_glue.h's convention for the AVX2 kernel's bit move)
-constexpr float kF8Unscale = 0x1p-120f;
+// Every weight is a normal number here (a product with a tiny activation can still underflow, and
+// vdpbf16ps flushes subnormals).
+// the scales arrive x 2^8 (quant_glue.h's convention for the AVX2 kernel's fp16 step)
+constexpr float kF8Unscale = 1.0f / kF8ScaleUp;
 // vpermt2b (f8_vbmi.h) is AVX512_VBMI, which this file's flags leave out (the INT8 kernel beside it runs
 // on Cooper Lake): the FP8 tile alone is compiled for it; the table entry asks isa_usable("avx512-vbmi")
 
@@ -635,7 +634,7 @@ inline int f8_tok_pos(int k) {   // position of weight k of its 64-block in the 
   const int j = k & 63;
   return (k & ~63) | ((j >> 2) & 3) << 4 | (j >> 4) << 2 | (j & 3);
 }
-// c[r * ldc + t] += sum_blocks s[r][blk] * 2^-120 * sum_{k in blk} W_r[k] * X_t[k]  (s arrives x 2^120)
+// c[r * ldc + t] += sum_blocks s[r][blk] * 2^-8 * sum_{k in blk} W_r[k] * X_t[k]  (s arrives x 2^8)
 // The bf16 form's fp32 sums across blocks live in registers where a tile has at most 8 (kRegs), else in
 // L1 (accm; on the AMX Xeon, 4 x 4 tiles, Qwen3-30B-A3B T = 4 from L3: 2.74 ms, against 2.85 with both
 // in registers, with the first conversion), the block's in registers. kWide: the tokens are
