@@ -42,9 +42,17 @@
 // subnormals of the same sign): Mixtral-8x7B T = 1 13.1 / 13.5 / 20.4 ms at f = 0 / 1e-4 / 1e-3, T = 4
 // 26.6 / 29.5 at 0 / 1e-4; Qwen3-30B-A3B T = 4 3.2 / 3.6 / 6.6 / 36 ms at 0 / 1e-4 / 1e-3 / 1e-2.
 // hinabench.quant's 128x128 quantization of Gaussian weights gives f ~1e-4, of Student-t (nu = 3, 4)
-// weights 5e-4..1e-3. A register loop on the AMX Xeon (2 W rows, 1 / 4 tokens, data in L1; ns per 32
-// weights and row pair): the bit move 3.5 / 4.2-4.4 at f = 0, 4.4 / 7.3-7.4 at f = 1e-3; the fp16
-// step 3.5 / 4.1-4.4 at both.
+// weights 5e-4..1e-3. Nor were subnormal codes the only source: with the weights 2^-120 low, a small
+// code times a small activation is below fp32's normal range as well, and weights and activations
+// spread over many binades (uniform, Gaussian) took assists with no subnormal code at all (AMX Xeon,
+// same process, weights rotated past the L3, fp16 step / bit move: uniform weights and activations,
+// Qwen3-30B-A3B T = 4 3.29 / 5.87 ms, the bit move 3.54 with FTZ/DAZ set; Gaussian weights, subnormal
+// codes cleared, Qwen3 T = 1 / 2 / 4 0.95 / 0.77 / 0.69x the time, Mixtral-8x7B T = 1 / 4 1.00 / 0.76x;
+// 1e-3 of the codes subnormal, Qwen3 T = 1 / 4 0.75 / 0.40x). On the problems' own fill (two binades,
+// kernels/fill.cpp), where neither form meets an assist, the fp16 step costs 1.08-1.10x at T = 1 (its
+// four vcvtph2ps are two uops each; from 16-byte halves with 128-bit unpacks, or with 16-bit shifts
+// and no unpacks, the register loop was no faster) and 0.96-1.00x from T = 2. Zen 3: not measured.
+//
 // Tiles: R W rows x TT tokens, rows in the outer loop and the tokens' tiles inside, so a task's
 // W rows stream from memory once (R rows' slice stays in L1/L2 across the token tiles); the decode
 // blocking (rows per tile, the next tile's L2 prefetch, gate/up interleave) is kAvx2Blocking below.
