@@ -1,4 +1,5 @@
-// AVX2 read loops and FMA and int16 multiply-add peak loops (compiled with -mavx2 -mfma; called only after a cpuid check).
+// AVX2 read loops and the FMA and int16 multiply-add peak loops (compiled with -mavx2 -mfma; called
+// only after a cpuid check).
 #include <immintrin.h>
 
 #include "common.h"

@@ -27,10 +27,10 @@
 //   L2 or L1 prefetches of the next tile's rows (in their memory order, or at the same offsets) and
 //   of the same rows 512 / 1024 bytes ahead were all slower (2.5-4.6 ms at their stages).
 // Kept instead: with few tokens (M <= 4 then, 8 now: below) an expert's gate/up and down run on the
-// AVX-512 VNNI kernel (quant_avx512.cpp, vpdpbusd on the same int8 rows; every AMX CPU has it), as SGLang's and
-// kt-kernel's INT8 MoE use AVX-512 for few tokens and AMX for many: Qwen3 T = 1 / 2 / 4 1.81 / 1.92 /
-// 2.11 ms against the tiles' 2.82 / 3.15 / 3.11, Mixtral 12.7 / 13.9 / 14.6 against 15.1 / 15.4 /
-// 16.6. The dispatch is by the expert's M, the same in the pack and the tiles' calls, so one call
+// AVX-512 VNNI kernel (quant_avx512.cpp, vpdpbusd on the same int8 rows; every AMX CPU has it), as
+// SGLang's and kt-kernel's INT8 MoE use AVX-512 for few tokens and AMX for many: Qwen3 T = 1 / 2 / 4
+// 1.81 / 1.92 / 2.11 ms against the tiles' 2.82 / 3.15 / 3.11, Mixtral 12.7 / 13.9 / 14.6 against
+// 15.1 / 15.4 / 16.6. The dispatch is by the expert's M, the same in the pack and the tiles' calls, so one call
 // mixes both for experts of different M. The emulated build runs the tiles for every M (so the tests
 // cover their logic at small M too).
 //
