@@ -278,11 +278,17 @@ PYBIND11_MODULE(_C, m) {
       py::arg("unit"), py::arg("threads"), py::arg("seconds") = 0.2);
   m.def(
       "fill_bf16",
-      [](uintptr_t dst, size_t n, uint64_t seed, float scale, int threads) {
+      [](uintptr_t dst, size_t n, uint64_t seed, float scale, int threads, const std::string& law) {
+        if (law != "binades" && law != "normal")
+          throw std::invalid_argument("fill law must be 'binades' or 'normal' (got '" + law + "')");
         py::gil_scoped_release release;
-        fill_bf16(reinterpret_cast<uint16_t*>(dst), n, seed, scale, threads);
+        if (law == "normal")
+          fill_bf16_normal(reinterpret_cast<uint16_t*>(dst), n, seed, scale, threads);
+        else
+          fill_bf16(reinterpret_cast<uint16_t*>(dst), n, seed, scale, threads);
       },
-      py::arg("dst"), py::arg("n"), py::arg("seed"), py::arg("scale"), py::arg("threads") = 0);
+      py::arg("dst"), py::arg("n"), py::arg("seed"), py::arg("scale"), py::arg("threads") = 0,
+      py::arg("law") = "binades");
 
   register_moe(m);
   register_attention(m);

@@ -47,5 +47,7 @@ double tdpbssd_amx(int64_t iters);
 // ---- Deterministic fill (fill.cpp) ---------------------------------------------------------------
 // bf16 values from a counter-based hash of (seed, index): independent of the thread count.
 void fill_bf16(uint16_t* dst, size_t n, uint64_t seed, float scale, int threads);
+// bf16 values of a normal-like law (standard deviation `scale`), many binades: fill.cpp says how.
+void fill_bf16_normal(uint16_t* dst, size_t n, uint64_t seed, float scale, int threads);
 
 }  // namespace hina

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "common.h"
 
@@ -35,6 +36,28 @@ void fill_bf16(uint16_t* dst, size_t n, uint64_t seed, float scale, int threads)
       uint16_t sign = r & 0x8000, mant = r & 0x7f, ebit = (r >> 7) & 1;
       dst[i] = uint16_t(sign | uint16_t((exp_lo + ebit) << 7) | mant);
     }
+  }
+}
+
+// Values of a normal-like law with standard deviation `scale`: the sum of four 16-bit uniforms from one
+// 64-bit hash (Irwin-Hall, bounded at 2 sqrt(3) scale), centred and scaled, rounded to the nearest bf16.
+// Unlike fill_bf16's two binades, magnitudes spread over many binades down to ~scale / 2^14 with the
+// density of a bell curve at zero, as trained weights and activations do: what a kernel whose cost
+// depends on the values (denormals in a conversion, say) meets in a real model.
+void fill_bf16_normal(uint16_t* dst, size_t n, uint64_t seed, float scale, int threads) {
+  const uint64_t key = splitmix64(seed ^ 0xbb67ae8584caa73bull);
+  // sum of four U[0, 65536) integers: mean 131070, variance 4 (65536^2 - 1) / 12
+  const double k = double(scale) / std::sqrt(4.0 * (65536.0 * 65536.0 - 1.0) / 12.0);
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads())
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t h = splitmix64(key + i);
+    const int64_t sum = int64_t(h & 0xffff) + int64_t((h >> 16) & 0xffff) + int64_t((h >> 32) & 0xffff) +
+                        int64_t(h >> 48);
+    const float v = float(double(sum - 131070) * k);
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    bits += 0x7fff + ((bits >> 16) & 1);   // round to nearest even (finite values only)
+    dst[i] = uint16_t(bits >> 16);
   }
 }
 

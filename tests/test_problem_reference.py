@@ -6,7 +6,7 @@ import torch
 from hinabench import _C
 from hinabench.errors import UserError
 from hinabench.models import MODELS, get_model, UnknownModel
-from hinabench.problems import FFNProblem, fill_bf16, materialize
+from hinabench.problems import FFNProblem, fill_bf16, materialize, problem_from_dict
 from hinabench.problems import diagnose, moe_ffn_reference, rel_err
 
 
@@ -105,6 +105,40 @@ def test_rotation_policy():
             assert addr not in seen
             seen.add(addr)
             assert n == small.A * small.H * small.I * 2 * (2 if n > small.A * small.H * small.I * 2 else 1)
+
+
+def test_normal_fill_spreads_over_many_binades():
+    """`--fill normal` (kernels/fill.cpp): a bell curve of standard deviation `scale`, the same whatever
+    the thread count, with the small magnitudes trained weights have and the default fill's two binades
+    lack (an AVX2 FP8 conversion that made them fp32 denormals took microcode assists on Intel cores:
+    suites on the default fill could not show it)."""
+    a = torch.empty(200_003, dtype=torch.bfloat16)
+    b = torch.empty_like(a)
+    _C.fill_bf16(a.data_ptr(), a.numel(), 7, 0.05, 1, "normal")
+    _C.fill_bf16(b.data_ptr(), b.numel(), 7, 0.05, 2, "normal")
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    f = a.float()
+    assert torch.isfinite(f).all() and abs(f.mean().item()) < 1e-3 and abs(f.std().item() - 0.05) < 1e-3
+    assert 0.005 < (f.abs() < 0.05 / 64).float().mean().item() < 0.03     # a normal law: ~1.25%
+    assert f.abs().max().item() <= 0.05 * 2 * 3 ** 0.5 * 1.01             # four uniforms: bounded
+    fill_bf16(b, 7, 0.05)
+    assert not torch.equal(a.view(torch.int16), b.view(torch.int16))
+    with pytest.raises(ValueError, match="fill law"):
+        _C.fill_bf16(a.data_ptr(), 1, 7, 0.05, 1, "gauss")
+
+
+def test_the_fill_is_part_of_an_ffn_problem():
+    p = FFNProblem.create("qwen3-30b-a3b", 2, dtype="fp8", fill="normal")
+    q = problem_from_dict(p.to_dict())             # what a peer's worker rebuilds
+    assert q.to_dict() == p.to_dict() and q.key() == p.key() and q.fill == "normal"
+    assert p.key()["fill"] == "normal" and "normal fill" in str(p)
+    assert FFNProblem.create("qwen3-30b-a3b", 2).key()["fill"] == "binades"
+    with pytest.raises(UserError, match="unknown fill"):
+        FFNProblem.create("qwen3-30b-a3b", 2, fill="gauss")
+    a = materialize(FFNProblem.custom(256, 128, 2, 2, seed=3), rotate=False)
+    b = materialize(FFNProblem.custom(256, 128, 2, 2, seed=3, fill="normal"), rotate=False)
+    assert a.x.float().abs().min() >= 0.25 and b.x.float().abs().min() < 0.01
+    assert not torch.equal(a.w13, b.w13)
 
 
 def test_fill_is_deterministic_and_thread_independent():

@@ -187,6 +187,25 @@ def test_wait_quiet_waits_for_a_busy_machine_then_says_so(tmp_path):
         busy.wait()
 
 
+def test_a_normal_fill_row_is_not_stored_in_a_file_from_before_the_fill_column(stored, tmp_path):
+    """Rows of a file without `fill` read back as fill=binades: a `--fill normal` row there would be
+    another point under the same key, so it is refused with the way out, and nothing is appended."""
+    path = tmp_path / "old.csv"
+    rows = csv_rows(stored)
+    old_cols = [c for c in rows[0] if c != "fill"]
+    import csv as _csv
+    with open(path, "w", newline="") as f:
+        w = _csv.DictWriter(f, fieldnames=old_cols, extrasaction="ignore", lineterminator="\n")
+        w.writeheader()
+        w.writerow(rows[0])
+    before = path.read_bytes()
+    r = invoke("ffn", *FAST, "--tokens", "1", "--fill", "normal", "--out", str(path))
+    assert r.exit_code != 0 and "write to a new file" in r.output and "Traceback" not in r.output, r.output
+    assert path.read_bytes() == before
+    r = invoke("ffn", *FAST, "--tokens", "1", "--fill", "bogus", "--out", str(path))
+    assert r.exit_code == 2 and "bogus" in r.output
+
+
 def test_a_file_of_an_older_schema_is_resumed_in_its_own_columns(stored, tmp_path):
     path = tmp_path / "old.csv"
     rows = csv_rows(stored)

@@ -67,12 +67,16 @@ def _run(sweep, name: str, kw: dict) -> None:
                    "Figure 10's tokens per expert), router (a seeded softmax top-k over all experts).")
 @click.option("--group", default=None, type=click.Choice(["32", "64", "128"]),
               help="int8: K elements per scale (default 128); rows carry it as quant_group.")
+@click.option("--fill", default="binades", show_default=True, type=click.Choice(["binades", "normal"]),
+              help="How weights and tokens are drawn: binades (magnitudes within a factor of 4: every "
+                   "kernel's fast path) or normal (a bell curve over many binades, as trained weights are: "
+                   "shows costs that depend on the values, such as denormals). Rows carry it as fill.")
 @timing_options
-def ffn(model_names, tokens, experts, routing, group, **kw):
+def ffn(model_names, tokens, experts, routing, group, fill, **kw):
     """Time the MoE expert FFN of a model on every backend, side by side, validated first.
     --dtype bf16,int8,fp8 is a sweep axis (int8: W8A8 group-wise; fp8: e4m3, 128x128 block scales)."""
     _run(_sweep("ffn", model_names, tokens, kw, experts=experts, routing=names(routing),
-                group=int(group) if group else None), "ffn", kw)
+                group=int(group) if group else None, fill=fill), "ffn", kw)
 
 
 @click.command()

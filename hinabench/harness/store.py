@@ -147,6 +147,21 @@ class ResultStore:
                 f"{self.path} was written by an older hinabench: new rows are stored in its columns "
                 f"(without {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''})")
 
+    def _check_defaults(self, row: dict, cols: list[str]) -> None:
+        """A key column an older file lacks reads back as its default: a row whose value differs (an
+        FFN point with `--fill normal` appended to a file from before `fill`) would be stored as another
+        point, so it is refused."""
+        from ..problems import KINDS
+        kind = KINDS[self.op]
+        for c in kind.key_columns:
+            if c in cols or c not in kind.key_defaults:
+                continue
+            v = row.get(c)
+            if v not in (None, "") and str(v) != str(kind.key_defaults[c]):
+                raise UserError(f"{self.path} was written before the column {c!r} existed, so its rows read "
+                                f"as {c}={kind.key_defaults[c]}; a {c}={v} row cannot be stored there: "
+                                f"write to a new file")
+
     def rows(self) -> list[dict]:
         if not self.path.exists() or self.path.stat().st_size == 0:
             return []
@@ -167,6 +182,7 @@ class ResultStore:
         if row.get("status") not in STATUSES:
             raise ValueError(f"a row is never stored without a status (got {row.get('status')!r})")
         cols = self.file_columns or self.columns
+        self._check_defaults(row, cols)
         row = {c: _cell(row.get(c)) for c in cols}
         if self.kind == "parquet":
             import pandas as pd
@@ -212,7 +228,7 @@ class ResultStore:
         self.appended += 1
 
 
-OPTIONAL_IN_OLD_FILES = {"op", "routing", "batch_tokens", "run_id", "quant_group"}
+OPTIONAL_IN_OLD_FILES = {"op", "routing", "batch_tokens", "run_id", "quant_group", "fill"}
 
 
 def _torn_tail(data: bytes, ncols: int) -> int | None:

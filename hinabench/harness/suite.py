@@ -39,6 +39,7 @@ class Sweep:
     op: str = "ffn"                    # the problem kind (hinabench/problems)
     experts: int | None = None         # ffn: active experts per token (default: the model's top-k)
     routing: list[str] | None = None   # ffn: same-experts (default), router
+    fill: str = "binades"              # ffn: how weights and tokens are drawn (binades, normal)
     proj: list[str] | None = None      # linear: projections (default: every one of the model's)
     # attention (tokens = batch B, sequences): phases, KV layouts, contexts l (decode: keys; extend:
     # the cached prefix), new tokens n (extend), the paged block size, ragged batches
@@ -83,7 +84,8 @@ class Sweep:
         if self.op == "ffn":
             from ..dtypes import get_dtype
             group = self.group if get_dtype(dtype).name == "int8" else None
-            return FFNProblem.create(model, tokens, self.experts, dtype, self.seed, extra["routing"], group=group)
+            return FFNProblem.create(model, tokens, self.experts, dtype, self.seed, extra["routing"], group=group,
+                                     fill=self.fill)
         if self.op == "linear":
             return LinearProblem.create(model, extra["proj"], tokens, dtype, self.seed)
         if self.op == "attention":
@@ -112,7 +114,7 @@ class Sweep:
 # The suite file's schema: top-level keys, and each [sweep] key's type ("ints": a list of whole numbers,
 # "names": a list of strings or one string, "name": a string, "int", "float", "bool").
 SUITE_TOP = {"name": "name", "sweep": "table"}
-SWEEP_SCHEMA = {"models": "names", "tokens": "ints", "op": "name", "experts": "int", "routing": "names",
+SWEEP_SCHEMA = {"models": "names", "tokens": "ints", "op": "name", "experts": "int", "routing": "names", "fill": "name",
                 "proj": "names", "phase": "names", "layout": "names",
                 "context": "ints", "extend": "ints", "block_size": "int", "ragged": "bool", "batch": "ints",
                 "backends": "names", "dtype": "names", "group": "int", "threads": "ints", "repeats": "int",

@@ -33,12 +33,19 @@ def seed_for(seed: int, what: str) -> int:
     return (seed * 1_000_003 + sum(ord(c) * 31 ** i for i, c in enumerate(what))) & (2**63 - 1)
 
 
-def fill_bf16(t: torch.Tensor, seed: int, scale: float) -> None:
+# How a problem's values are drawn (kernels/fill.cpp): "binades", magnitudes within (scale/4, 2 scale),
+# random signs (the default: no zeros, no tiny values, every kernel's fast path); "normal", a bell curve of
+# standard deviation `scale` over many binades, as trained weights and activations are (costs that depend
+# on the values, such as denormals, show there and not in "binades").
+FILL_LAWS = ("binades", "normal")
+
+
+def fill_bf16(t: torch.Tensor, seed: int, scale: float, law: str = "binades") -> None:
     """Fill a contiguous bf16 tensor from a counter-based hash (fast, and the same in every process)."""
     from ..native import load
     _C = load("_C")
     assert t.dtype == torch.bfloat16 and t.is_contiguous()
-    _C.fill_bf16(t.data_ptr(), t.numel(), seed, scale, torch.get_num_threads())
+    _C.fill_bf16(t.data_ptr(), t.numel(), seed, scale, torch.get_num_threads(), law)
 
 
 def rotation_groups(call_bytes: int, group_bytes: int, llc_bytes: int) -> int:

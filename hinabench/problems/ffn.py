@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from ..dtypes import get_dtype
 from ..errors import UserError
 from ..models import Model, get_model
-from .base import Problem, ProblemData, fill_bf16, place, seed_for
+from .base import FILL_LAWS, Problem, ProblemData, fill_bf16, place, seed_for
 
 ROUTINGS = ("same-experts", "router")
 
@@ -37,13 +37,13 @@ ROUTINGS = ("same-experts", "router")
 class FFNProblem(Problem):
     kind: ClassVar[str] = "ffn"
     key_columns: ClassVar[tuple[str, ...]] = ("model", "dtype", "routing", "batch_tokens",
-                                              "tokens_per_expert", "experts", "quant_group")
+                                              "tokens_per_expert", "experts", "quant_group", "fill")
     # quant_group: K elements per scale (int8: 32/64/128; fp8: the 128x128 block's edge; empty for
     # bf16); scale_dtype: the scales' type; quant_err: the quantized reference's relative L2 error
     # against the BF16 reference (the scheme's own error, the same for every backend of a point)
     columns: ClassVar[tuple[str, ...]] = key_columns + ("hidden_size", "intermediate_size", "scale_dtype",
                                                         "quant_err")
-    key_defaults: ClassVar[dict] = {"routing": "same-experts"}   # batch_tokens: = tokens_per_expert
+    key_defaults: ClassVar[dict] = {"routing": "same-experts", "fill": "binades"}   # batch_tokens: = T
 
     model: Model
     tokens: int                    # same-experts: T = B; router: B
@@ -52,14 +52,17 @@ class FFNProblem(Problem):
     seed: int = 0
     routing: str = "same-experts"
     group: int = 0                 # quantized dtypes: K elements per scale (0 for bf16)
+    fill: str = "binades"          # how weights and tokens are drawn (problems.base.FILL_LAWS)
     _routing_cache: dict = field(default_factory=dict, repr=False, compare=False, hash=False)
 
     @classmethod
     def create(cls, model: str | Model, tokens: int | None = None, active_experts: int | None = None,
                dtype: str = "bf16", seed: int = 0, routing: str = "same-experts", *,
-               tokens_per_expert: int | None = None, group: int | None = None) -> "FFNProblem":
+               tokens_per_expert: int | None = None, group: int | None = None,
+               fill: str = "binades") -> "FFNProblem":
         """`tokens`: batch tokens B (= T under same-experts); `tokens_per_expert` is its alias there.
-        `group`: int8's K elements per scale (default 128); fp8's is its 128x128 block."""
+        `group`: int8's K elements per scale (default 128); fp8's is its 128x128 block. `fill`: how the
+        weights and tokens are drawn (problems.base.FILL_LAWS)."""
         if tokens is None:
             tokens = tokens_per_expert
         if tokens is None:
@@ -67,7 +70,9 @@ class FFNProblem(Problem):
         m = model if isinstance(model, Model) else get_model(model)
         dt = get_dtype(dtype)
         g = int(group) if group else dt.default_group
-        p = cls(m, int(tokens), int(active_experts or m.top_k), dt.name, int(seed), routing, g)
+        if fill not in FILL_LAWS:
+            raise UserError(f"unknown fill '{fill}' (one of: {', '.join(FILL_LAWS)})")
+        p = cls(m, int(tokens), int(active_experts or m.top_k), dt.name, int(seed), routing, g, fill)
         p.validate()
         return p
 
@@ -75,12 +80,13 @@ class FFNProblem(Problem):
     def custom(cls, hidden_size: int, intermediate_size: int, tokens: int | None = None,
                active_experts: int = 1, routed_experts: int | None = None, dtype: str = "bf16",
                seed: int = 0, routing: str = "same-experts", *,
-               tokens_per_expert: int | None = None, group: int | None = None) -> "FFNProblem":
+               tokens_per_expert: int | None = None, group: int | None = None,
+               fill: str = "binades") -> "FFNProblem":
         """A problem on a made-up shape (tests, random shapes)."""
         m = Model(f"custom-{hidden_size}x{intermediate_size}", hidden_size, intermediate_size,
                   routed_experts or active_experts, active_experts, 0, 1, 1, 1, 1, 1, "made up")
         return cls.create(m, tokens, active_experts, dtype, seed, routing, tokens_per_expert=tokens_per_expert,
-                          group=group)
+                          group=group, fill=fill)
 
     def validate(self) -> None:
         if self.tokens < 1:
@@ -194,14 +200,15 @@ class FFNProblem(Problem):
         return {"model": self.model.name, "dtype": self.dtype, "routing": self.routing,
                 "batch_tokens": self.tokens, "tokens_per_expert": self.tokens_per_expert,
                 "experts": self.A, "quant_group": self.group or None, "hidden_size": self.H,
-                "intermediate_size": self.I, "scale_dtype": self.dt.scale_dtype}
+                "intermediate_size": self.I, "scale_dtype": self.dt.scale_dtype, "fill": self.fill}
 
     def to_dict(self) -> dict:
         m = self.model
         return {"kind": self.kind, "name": m.name, "hidden_size": m.hidden_size,
                 "intermediate_size": m.intermediate_size, "routed_experts": m.routed_experts,
                 "top_k": m.top_k, "tokens": self.tokens, "active_experts": self.active_experts,
-                "dtype": self.dtype, "seed": self.seed, "routing": self.routing, "group": self.group}
+                "dtype": self.dtype, "seed": self.seed, "routing": self.routing, "group": self.group,
+                "fill": self.fill}
 
     @classmethod
     def from_dict(cls, d: dict) -> "FFNProblem":
@@ -209,10 +216,13 @@ class FFNProblem(Problem):
                   int(d["top_k"]), 0, 1, 1, 1, 1, 1, "from the harness")
         tokens = d.get("tokens", d.get("tokens_per_expert"))
         return cls.create(m, int(tokens), int(d["active_experts"]), d["dtype"], int(d["seed"]),
-                          d.get("routing", "same-experts"), group=int(d.get("group") or 0) or None)
+                          d.get("routing", "same-experts"), group=int(d.get("group") or 0) or None,
+                          fill=d.get("fill") or "binades")
 
     def __str__(self) -> str:
         dt = f"{self.dtype} g{self.group}" if self.dtype == "int8" else self.dtype
+        if self.fill != "binades":
+            dt += f" {self.fill} fill"
         if self.routing == "same-experts":
             return f"{self.model.name} T={self.tokens} A={self.A} {dt}"
         return f"{self.model.name} B={self.tokens} router top-{self.A} {dt}"
@@ -360,13 +370,13 @@ def materialize(problem: FFNProblem, llc_bytes: int | None = None, rotate: bool 
     place(w13, numa)
     place(w_down, numa)
     # Magnitudes ~ 1/sqrt(fan-in), so activations stay O(1) through the FFN.
-    fill_bf16(w13, seed_for(p.seed, "w13"), 1.0 / math.sqrt(p.H))
-    fill_bf16(w_down, seed_for(p.seed, "w_down"), 1.0 / math.sqrt(p.I))
+    fill_bf16(w13, seed_for(p.seed, "w13"), 1.0 / math.sqrt(p.H), p.fill)
+    fill_bf16(w_down, seed_for(p.seed, "w_down"), 1.0 / math.sqrt(p.I), p.fill)
     # Tokens, routing weights and routing order come from the same counter-based hash as the weights
     # (not torch's RNG), so a peer's worker with another torch version builds the identical problem.
     B = p.tokens
     x = torch.empty(B, p.H, dtype=dt)
-    fill_bf16(x, seed_for(p.seed, "x"), 1.0)
+    fill_bf16(x, seed_for(p.seed, "x"), 1.0, p.fill)
     r = torch.empty(groups + 1, B, p.A, dtype=torch.bfloat16)
     fill_bf16(r, seed_for(p.seed, "routing"), 0.5)
     w = r[0].float().abs() + 0.05
