@@ -4,9 +4,9 @@
 #include <omp.h>
 
 #include <cmath>
-#include <cstring>
 
 #include "common.h"
+#include "numeric.h"   // f32_to_bf16
 
 namespace hina {
 namespace {
@@ -53,11 +53,7 @@ void fill_bf16_normal(uint16_t* dst, size_t n, uint64_t seed, float scale, int t
     const uint64_t h = splitmix64(key + i);
     const int64_t sum = int64_t(h & 0xffff) + int64_t((h >> 16) & 0xffff) + int64_t((h >> 32) & 0xffff) +
                         int64_t(h >> 48);
-    const float v = float(double(sum - 131070) * k);
-    uint32_t bits;
-    std::memcpy(&bits, &v, 4);
-    bits += 0x7fff + ((bits >> 16) & 1);   // round to nearest even (finite values only)
-    dst[i] = uint16_t(bits >> 16);
+    dst[i] = f32_to_bf16(float(double(sum - 131070) * k));
   }
 }
 

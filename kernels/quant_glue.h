@@ -165,7 +165,6 @@ void i8_pack_act(const float* act, int M, int K, int group, void* out) {
 
 // c[r * ldc + t] = sum_groups s_w[r][grp] * s_x[t][grp] * sum_{k in grp} W_r[k] * X_t[k]
 // ================================ FP8: the token side ===========================================
-constexpr float kTwo120 = 1.329227995784916e36f;  // 2^120: an e4m3 -> fp32 bit move's factor (AMX's)
 // The AVX2 kernel turns e4m3 into fp16 bits (the value x 2^-8) and F16C into fp32: the tiles' block
 // scales arrive x 2^8 (rows_tokens below; the AVX-512 kernel, which shares the loop, takes it back out).
 constexpr float kF8ScaleUp = 256.0f;

@@ -125,6 +125,9 @@ def test_normal_fill_spreads_over_many_binades():
     assert not torch.equal(a.view(torch.int16), b.view(torch.int16))
     with pytest.raises(ValueError, match="fill law"):
         _C.fill_bf16(a.data_ptr(), 1, 7, 0.05, 1, "gauss")
+    from hinabench.cli.run import ffn                # its --fill choices are the laws, written out
+    from hinabench.problems.base import FILL_LAWS
+    assert tuple(next(o for o in ffn.params if o.name == "fill").type.choices) == FILL_LAWS
 
 
 def test_the_fill_is_part_of_an_ffn_problem():

@@ -67,6 +67,7 @@ def _run(sweep, name: str, kw: dict) -> None:
                    "Figure 10's tokens per expert), router (a seeded softmax top-k over all experts).")
 @click.option("--group", default=None, type=click.Choice(["32", "64", "128"]),
               help="int8: K elements per scale (default 128); rows carry it as quant_group.")
+# the choices are problems.base.FILL_LAWS, written out: importing it would load torch at every CLI start
 @click.option("--fill", default="binades", show_default=True, type=click.Choice(["binades", "normal"]),
               help="How weights and tokens are drawn: binades (magnitudes within a factor of 4: every "
                    "kernel's fast path) or normal (a bell curve over many binades, as trained weights are: "

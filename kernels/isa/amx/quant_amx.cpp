@@ -303,6 +303,7 @@ HINA_VBMI inline void cvt64_lut(const uint8_t* src, const F8Tables& tab, __m512 
 // dst [rows][K]: e4m3 -> fp32 by moving its bits into place and scaling by 2^120 (subnormals too),
 // times the block's scale, rounded to nearest even (64 at a time by the tables above, where the CPU
 // has AVX512_VBMI).
+constexpr float kTwo120 = 1.329227995784916e36f;  // 2^120: the bit move's factor
 void unpack_rows(const int8_t* w, int64_t ldw, const float* s, int64_t lds, int r0, int rows, int K, bf16_t* dst) {
 #if !defined(HINA_EMU_AMX)
   static const bool vbmi = cpu_features().avx512_vbmi;
