@@ -36,6 +36,31 @@
 // (0.67 -> 0.78 ms). On this machine a core's streaming rate does not overlap its compute (a test loop
 // with software prefetch: a step of compute per 1 KiB lowered the rate as 1/(1/14 + 1/C) GB/s), so
 // the kernel's time is its memory time plus its compute time, and both were cut.
+// Where a key's time goes (2026-12-03, the same Xeon; Qwen3-30B-A3B shapes, batch 1, one thread, rdtsc
+// counters in a scratch build, TSC 2.6 GHz, cycles per key and KV head): with the KV in L2 (1024 keys,
+// one cache) ~73: the score tiles 11, their stores and the gathers into S 10.5, the P images 1.6, the
+// P x V tiles 16, the softmax ~8, the rest the driver and pack_q; from DRAM (4096 keys, 83 caches
+// rotated) ~151: the same steps 48, and the burst of prefetches before each head's scores the rest
+// (512 bytes a key at the ~14 GB/s one core streams is ~95). Memory time plus compute time, as above.
+// Tried then and not kept (2 threads, KV from DRAM, the builds side by side in one process, 7-9 rounds):
+//   - the next chunk's rows handed to scores and pv and prefetched from inside their tile loops, into
+//     L2, in pieces of 64 and then 16 lines between tile ops: contiguous 0.509-0.517 against 0.526 ms
+//     (into L1: 0.571); the stalls moved from the driver's burst into the pieces;
+//   - the rows' even spacing checked once per 16-key group and call instead of per d block: 0.97-1.01x
+//     the time (Qwen3 and Mixtral-8x7B, contiguous and paged, 4096 keys), no change in L2.
+// A standalone loop on this core (one thread; work per KiB streamed): the hardware prefetcher alone
+// overlaps the work when it is longer than the stream's own time (work alone 6 GB/s: 5.7 streamed)
+// but not when they are equal (12 GB/s: 8.7); prefetcht1 one line per sixteenth of the work, 4-16 KiB
+// ahead, restores it (11.9), and a burst of the KiB's 16 lines before the work is worse than none (9.4
+// against 13.3, work alone 24 GB/s); with 16 tdpbf16ps per KiB as the work, 6.95 GB/s without and 10.75
+// with the single-line prefetches (the loop above lowered the rate; this one spreads its lines). This
+// kernel works ~145 cycles per KiB of KV held in L2, about half of it in its tile loops (~1.5 tile
+// products and their loads per KiB) and half in vector steps (the score stores, the softmax, the P
+// images). Spread over both (a few lines before each K or V tile load and each query row of the score
+// stores and P images, into L2; the same A/B): contiguous Qwen3 / Mixtral 0.96x / 0.98x the time, paged
+// 1.02x / 1.21x (whole token records per head's share); not kept. Nor is it the DTLB: the caches moved
+// onto 2 MiB pages (MADV_COLLAPSE; half of the 700 MB took) 0.465 against 0.479 ms. What else holds
+// the stream back there is open (the tile loads' own misses are the next suspect).
 //
 // Built twice from this one source, like microkernel_amx.cpp: for real (`_C`, isa "amx") and against
 // emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated"), so it runs in the same tests.
