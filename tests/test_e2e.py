@@ -51,6 +51,15 @@ def test_checkpoint_refuses_unknown_model_and_depth():
         C.checkpoint("tiny-qwen3", 5)
 
 
+def test_checkpoint_without_the_e2e_extra_says_what_to_install(monkeypatch):
+    import importlib.util
+    from hinabench.errors import UserError
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "safetensors" else real(name, *a))
+    with pytest.raises(UserError, match=r"needs safetensors \(the e2e extra\): pip install -e '\.\[e2e\]'"):
+        C.checkpoint("tiny-qwen3", 1, seed=11)
+
+
 def test_a_bf16_reference_is_not_reused_once_fp32_fits():
     """A run under a small --mem-gib caches a bf16 reference; a later run whose budget fits fp32
     makes (and then keeps using) the fp32 one; a small budget after that reuses fp32 too."""

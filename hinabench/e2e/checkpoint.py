@@ -200,6 +200,7 @@ def checkpoint(model: str, layers: int, seed: int = 0, root: Path | None = None,
     if (path / ".complete").exists():
         return ck
     need = checkpoint_bytes(cfg)
+    _require_writer_packages()
     root.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(root).free
     if free < need + (1 << 30):
@@ -230,6 +231,15 @@ def checkpoint(model: str, layers: int, seed: int = 0, root: Path | None = None,
     (tmp / ".complete").write_text(h + "\n")
     os.replace(tmp, path)
     return ck
+
+
+def _require_writer_packages() -> None:
+    """The checkpoint's writers come with the e2e extra: say so instead of failing halfway."""
+    import importlib.util
+    missing = [p for p in ("safetensors", "tokenizers") if importlib.util.find_spec(p) is None]
+    if missing:
+        raise UserError(f"writing a checkpoint needs {' and '.join(missing)} (the e2e extra): "
+                        f"pip install -e '.[e2e]'")
 
 
 def prompt_ids(vocab_size: int, batch: int, tokens: int, seed: int = 0) -> torch.Tensor:

@@ -382,6 +382,34 @@ void check_quant_call(const MoeCall& a) {
   if (!i8 && (a.H > 131072 || a.I > 131072)) throw std::invalid_argument("fp8: H and I must be at most 131072");
 }
 
+// Few tokens on AMX: the AVX-512-BF16 micro-kernel (every AMX CPU has it), for the whole call, when
+// no expert has more than `few` rows (tokens). With one or two tokens a tile uses one or two of its 16
+// token columns while its 32 W rows stream side by side; the AVX-512 tile streams 8 and takes the
+// tokens in registers. Measured (2026-12-03, the AMX Xeon, 2 threads, isa "amx" against "avx512" in
+// one process, 5 alternated rounds, every token on the same top-k experts, weights rotated past the
+// L3, median ms [range]): Qwen3-30B-A3B M = 1 / 2 / 4 / 8: 2.63 [2.62-2.64] / 2.80 [2.79-2.85] / 3.05 /
+// 5.21 against the tiles' 2.86 [2.85-3.07] / 2.89 [2.88-2.91] / 2.93 / 3.01; Mixtral-8x7B M = 1 / 2 / 3
+// / 4: 22.81 [22.57-22.86] / 23.82 [23.72-23.89] / 24.14 / 24.63 against 24.29 [23.93-24.76] / 24.10
+// [24.04-25.14] / 24.18 / 24.33; Qwen3's experts as transformers maps them from the safetensors file
+// (4 layers, 8 random experts of 128 a call, T = 1) 2.65 against 2.99. The linear layer keeps the
+// split at one token (linear, below). The emulated AMX build runs the tiles for every M.
+constexpr int kAmxFfnFewMaxM = 2;
+
+const MicroKernel& bf16_microkernel(const std::string& isa, int64_t max_m, int few) {
+  return find_microkernel(isa == "amx" && max_m <= few ? std::string("avx512") : isa, Dtype::bf16);
+}
+
+// The most rows any expert gets (tokens routed to it); ids outside [0, E) are left to group_by_expert.
+int64_t max_rows_per_expert(const MoeCall& a) {
+  std::vector<int64_t> count(size_t(std::max<int64_t>(a.E, 0)), 0);
+  int64_t most = 0;
+  for (int64_t i = 0; i < a.T * a.k; ++i) {
+    const int32_t e = a.topk_ids[i];
+    if (e >= 0 && e < a.E) most = std::max(most, ++count[e]);
+  }
+  return most;
+}
+
 }  // namespace
 
 void moe_ffn(const MoeCall& a) {
@@ -395,7 +423,8 @@ void moe_ffn(const MoeCall& a) {
     run_quant(a, find_quant_microkernel(a.isa, a.dtype), std::max(1, a.threads));
     return;
   }
-  const MicroKernel& mk = find_microkernel(a.isa, Dtype::bf16);
+  const MicroKernel& mk =
+      bf16_microkernel(a.isa, a.isa == "amx" ? max_rows_per_expert(a) : a.T * a.k, kAmxFfnFewMaxM);
   if (a.numa_nodes > 0) {
     const NumaPlans plans = numa_plans_of(a);
     run(a, mk, std::max(1, a.threads), &plans);
@@ -507,8 +536,7 @@ void linear(const LinearCall& c) {
   // tiles against 20.1-20.8 on AVX-512; W in anonymous memory 23.3-24.4 against 21.7-23.4; Qwen3's
   // o projection (`hinabench linear`) 0.69 / 0.70 ms. At 2 and 4 tokens the two trade places
   // (W mapped: AVX-512 ahead by ~6%; anonymous: AMX ahead by ~8%), so AMX keeps them.
-  const bool one_token_on_avx512 = c.isa == "amx" && c.T == 1;
-  const MicroKernel& mk = find_microkernel(one_token_on_avx512 ? std::string("avx512") : c.isa, Dtype::bf16);
+  const MicroKernel& mk = bf16_microkernel(c.isa, c.T, 1);
   const int threads = std::max(1, c.threads);
   std::vector<int32_t> rows(c.T);  // every token, in order: the rows transformation 1 packs
   for (int64_t t = 0; t < c.T; ++t) rows[t] = int32_t(t);
