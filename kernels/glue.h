@@ -154,14 +154,16 @@ void rows_x_tokens(const bf16_t* const* w, int nrows, const typename Kn::Elem* c
   for (; r + R <= nrows; r += R)
     for (int p = 0; p < np; ++p) {
       float* c = o.c + r * o.row_ld + p * o.piece_ld;
-      // decode_prefetch: the next tile in this order (these rows' next piece, else the next R
-      // rows' first piece) is prefetched while this one streams
+      // decode_prefetch: while this tile streams piece p of its rows, the same piece of the next R
+      // rows is prefetched, so every piece of the next tile is covered whatever the pieces' lengths.
+      // (It was the next piece in this order: these rows' next piece, else the next R rows' first,
+      // over this piece's length. torch's large tensors start 64 bytes past a page, so a 2048-element
+      // row is cut 2016 + 32: the 32-element piece prefetched 32 elements of the next tile's 2016.)
       const bf16_t* pf[R];
       bool ahead = false;
       if constexpr (PF != 0) {
-        if (p + 1 < np) for (int q = 0; q < R; ++q) pf[q] = w[r + q] + pc[2 * p + 2];
-        else if (r + 2 * R <= nrows) for (int q = 0; q < R; ++q) pf[q] = w[r + R + q] + pc[0];
-        ahead = p + 1 < np || r + 2 * R <= nrows;
+        ahead = r + 2 * R <= nrows;
+        if (ahead) for (int q = 0; q < R; ++q) pf[q] = w[r + R + q] + pc[2 * p];
       }
       if (ahead)
         acc_tile<Kn, R, TT, PF>(w + r, in, pc[2 * p], pc[2 * p + 1], nullptr, true, true, c,
@@ -324,9 +326,16 @@ void mm_rows_chained(const bf16_t* const* w, int nrows, const typename Kn::Elem*
     row_of[i] = r;
   }
   float* cc = tl_c_class.get(size_t(nrows) * M);
-  for (int q = 0; q < kClasses; ++q) {
+  // Classes in the order of their first rows (row 0's class, then row 1's, ...), not of their cuts:
+  // a class's rows are every 8th (Qwen3's 768) and the next class then starts on the row that
+  // follows, in memory, the one the last class started on. In the order of the cuts (row 0's class,
+  // then row 3's, 6's, 1's, ...) Qwen3-30B-A3B's down projection at T = 1 took 1.15x the time.
+  bool done[kClasses] = {};
+  for (int r0 = 0; r0 < nrows; ++r0) {
+    const int q = piece_phase(w[r0]) / kShapeMultiple;
+    if (done[q]) continue;
+    done[q] = true;
     const int n = start[q + 1] - start[q];
-    if (!n) continue;
     const int np = row_pieces(q * kShapeMultiple, K, pc);
     mm_rows<Kn>(rows + start[q], n, I, M, K, pc, np, Out{cc + int64_t(start[q]) * M, M, 0});
   }

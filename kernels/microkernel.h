@@ -101,7 +101,7 @@ struct Blocking {
   int mb_l2_bytes;       // L2 budget for a token block's I slice over a group (0: always mb_max)
   bool token_blocks_outer;  // loop order: token blocks outside K groups (else inside)
   int prefetch_next;     // prefetch the next W sub-block while a tile runs (0: no; 1: into L1; 2: L2)
-  // decode, M tokens: while a tile streams its rows' piece, prefetch the next tile's
+  // decode, M tokens: while a tile streams its rows' piece, prefetch the next tile's same piece
   // (decode_prefetch[M] 0: no; 1: into L1; 2: into L2)
   int decode_prefetch[7];
   // gate_up: tiles take gate and up rows alternately (two streams far apart in memory, as the best

@@ -16,8 +16,9 @@
 // (dot_tile), each taking 2 FMAs per 16 elements of K.
 //   M <= 6 tokens (decode, memory-bound): every W row is streamed from memory exactly once per
 //     call, all tokens in registers: 8 rows at a time (M = 1), 4 (M = 2), 2 (M = 3..6); from M = 2
-//     each tile prefetches the next tile's W (the same rows' next piece, or the next rows' first)
-//     into L2 while it streams its own, so the page-sized pieces never start cold. At M = 1 rows of
+//     each tile prefetches the next tile's W (the next rows' same piece as the one it streams; it
+//     was the same rows' next piece, else the next rows' first: see glue.h's rows_x_tokens) into
+//     L2 while it streams its own, so the page-sized pieces never start cold. At M = 1 rows of
 //     at most one piece (2048 elements: Qwen3-30B-A3B's gate/up, every Qwen3 down projection) take
 //     4-row tiles with that prefetch too: each of their tiles starts on new pages.
 //   M > 6: K in groups of one piece, tokens in blocks whose fp32 I slice over a group (<= 256 KiB)

@@ -16,6 +16,16 @@
 // more than 2048 elements (were 8 rows, no prefetch), 8-row tiles for the short rows (were 4):
 // Qwen3-30B-A3B 0.95-0.99x of the time, Mixtral-8x7B 0.97-0.98x, DeepSeek-V3 0.94-0.96x, two runs
 // with the order of the builds swapped; the linear kernel's q/k/v, o 0.98-0.99x.
+// Two fixes in glue.h, found by timing the kernel against a plain loop over the same weights in one
+// process (the AMX Xeon, 2026-12-04: Qwen3-30B-A3B T = 1, gate/up 1.07x and down 1.15x the loop's
+// time, the whole call 2.63 against 2.39 ms). (1) Decode tiles prefetch the next rows' same piece:
+// torch's tensors start 64 bytes past a page, so a 2048-element row is cut 2016 + 32 and the old
+// target (the next piece in order, over this piece's length) left most of the next tile cold. Same
+// process, 3 alternated rounds, bit-identical, new / old time: Qwen3 T = 1 / 2 / 4 0.97 / 0.93 /
+// 0.99x, Mixtral-8x7B 1.00 / 0.94 / 0.97x (hina:avx2: 0.98-1.02x). (2) Rows of differing cuts (Qwen3's
+// down projection, K = 768: 8 classes) are run class by class in the order of their first rows
+// instead of their cuts: Qwen3 T = 1 / 2 / 4 / 8 0.99 / 0.98 / 0.93 / 0.82x (hina:avx2 0.95 / 0.94
+// / 0.92 / 0.93x).
 // The packed token rows 64 bytes longer than K (ld): T = 16..256, same method, two runs, 0.92-1.04x of
 // the time (mostly under 1). Tried beside it and not kept: K sub-blocks of 512 with the accumulators
 // carried (1.07-1.23x: the inner loop is not short of L1, and the carry costs).
