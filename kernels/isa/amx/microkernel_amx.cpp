@@ -49,6 +49,13 @@
 // at once; it was glue.h's scalar store, an expf call per element): from L3, same A/B, T = 16
 // 2.48-2.50 -> 2.08-2.23 ms, T = 4 1.98-2.13 -> 1.94-1.95. With W in L1 instead of streamed (a
 // scratch build, not kept) the call's other work read 0.57 ms at T = 1 and 1.15 ms at T = 16.
+// Tried at Qwen3-30B-A3B M = 4 / 8 / 16 (2026-12-04, the AMX Xeon, in one process against the build as
+// it is, weights from DRAM, 3 alternated rounds; vLLM-CPU's AMX kernel, on its packed blocks, does M = 4
+// in ~2.7 ms where these tiles take ~3.1) and not kept: each K step prefetching the next 32-row block's
+// lines at the same K into L2 (or L1) 1.33-1.42x the time; 16-row blocks (half the row streams) 1.04-
+// 1.05x; a transient copy of each 32-row block (per piece, rows 64 bytes apart) into an L2 buffer, then
+// the tiles from it, 1.32-1.37x, with the next block prefetched during the copy or 1 KiB ahead in the
+// row 1.31-1.37x (the copy's loads stall, and it does not overlap the tiles).
 // Tried and not kept: at M <= 16, two sets of operand tiles ((tmm0, tmm2, tmm3) and (tmm1, tmm5, tmm7))
 // in alternate K blocks, so that block kb+1's loads need not wait for block kb's products to release
 // their tiles: from L3 T = 1 / 16 0.95-1.02x / 0.92-1.00x, from DRAM T = 1 / 4 0.97-1.03x / 0.87-0.96x.
