@@ -78,6 +78,26 @@ def test_a_bf16_reference_is_not_reused_once_fp32_fits():
     assert M.reference(ck, [ids], 1, echo=quiet).what.startswith("transformers fp32")  # the better one, once made
 
 
+def test_loaded_weights_are_the_processes_own_memory_not_the_file_map():
+    """measure.load copies what transformers mapped from the safetensors file into memory (a new token's
+    embedding row was a disk read mid-decode), same values, and the model keeps working."""
+    from hinabench.e2e import measure as M
+    ck = C.checkpoint("tiny-qwen3", 1, seed=11)
+    from transformers import AutoModelForCausalLM
+    mapped = AutoModelForCausalLM.from_pretrained(str(ck.path), dtype=torch.bfloat16)
+    m = M.load(ck.path)
+    for (name, a), b in zip(mapped.state_dict().items(), m.state_dict().values()):
+        assert torch.equal(a, b), name
+    maps = open("/proc/self/maps").read()
+    files = [tuple(int(v, 16) for v in line.split()[0].split("-")) for line in maps.splitlines()
+             if str(ck.path) in line]
+
+    def in_file(t):
+        return any(lo <= t.data_ptr() < hi for lo, hi in files)
+    assert any(in_file(t) for t in mapped.parameters())   # the premise: transformers maps the file
+    assert not any(in_file(t) for t in m.parameters())
+
+
 @pytest.mark.parametrize("name", list(TINY))
 def test_dropin_matches_transformers_fp32_without_copying_weights(name):
     from hinabench.e2e import measure as M
