@@ -285,8 +285,8 @@ def test_avx512_without_bf16_resolves_to_its_nobf16_build():
             kernels.resolve_isa("avx512-nobf16")
 
 
-def test_amx_runs_experts_of_at_most_two_tokens_on_the_avx512_kernel():
-    """isa "amx": a call where no expert has more than 2 tokens runs the AVX-512-BF16 micro-kernel,
+def test_amx_runs_experts_of_at_most_four_tokens_on_the_avx512_kernel():
+    """isa "amx": a call where no expert has more than 4 tokens runs the AVX-512-BF16 micro-kernel,
     bit for bit what isa "avx512" gives, in its packed layout (the scratch's size says which)."""
     from hinabench import _C
     need("amx")
@@ -295,7 +295,7 @@ def test_amx_runs_experts_of_at_most_two_tokens_on_the_avx512_kernel():
     g = torch.Generator().manual_seed(5)
     w13 = (torch.randn(E, 2 * I, H, generator=g) * 0.05).bfloat16()
     wd = (torch.randn(E, H, I, generator=g) * 0.05).bfloat16()
-    for T in (1, 2):
+    for T in (1, 2, 3, 4):
         x = torch.randn(T, H, generator=g).bfloat16()
         ids = torch.tensor([[1, 2]] * T, dtype=torch.int32)   # every token on experts 1 and 2: M = T
         w = torch.rand(T, 2, generator=g)
@@ -303,11 +303,11 @@ def test_amx_runs_experts_of_at_most_two_tokens_on_the_avx512_kernel():
         scratch_a = _C.moe_scratch_bytes()   # the packed operands' layout: the kernel's own
         b = kernels.moe_ffn(x, None, None, wd, ids, w, w13=w13, isa="avx512")
         assert torch.equal(a, b) and scratch_a == _C.moe_scratch_bytes(), f"T={T}"
-    x = torch.randn(3, H, generator=g).bfloat16()   # three tokens on one expert: the tiles
-    kernels.moe_ffn(x, None, None, wd, torch.tensor([[1, 2]] * 3, dtype=torch.int32), torch.rand(3, 2), w13=w13,
+    x = torch.randn(5, H, generator=g).bfloat16()   # five tokens on one expert: the tiles
+    kernels.moe_ffn(x, None, None, wd, torch.tensor([[1, 2]] * 5, dtype=torch.int32), torch.rand(5, 2), w13=w13,
                     isa="amx")
     scratch_a = _C.moe_scratch_bytes()
-    kernels.moe_ffn(x, None, None, wd, torch.tensor([[1, 2]] * 3, dtype=torch.int32), torch.rand(3, 2), w13=w13,
+    kernels.moe_ffn(x, None, None, wd, torch.tensor([[1, 2]] * 5, dtype=torch.int32), torch.rand(5, 2), w13=w13,
                     isa="avx512")
     assert scratch_a != _C.moe_scratch_bytes()
 

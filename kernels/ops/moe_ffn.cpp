@@ -393,7 +393,12 @@ void check_quant_call(const MoeCall& a) {
 // [24.04-25.14] / 24.18 / 24.33; Qwen3's experts as transformers maps them from the safetensors file
 // (4 layers, 8 random experts of 128 a call, T = 1) 2.65 against 2.99. The linear layer keeps the
 // split at one token (linear, below). The emulated AMX build runs the tiles for every M.
-constexpr int kAmxFfnFewMaxM = 2;
+// Up to 4 tokens since the AVX-512 decode tiles prefetch the next rows' same piece (glue.h; 2026-12-04,
+// same method, 5 rounds): Qwen3 M = 3 / 4 2.63 [2.59-2.65] / 2.66 [2.64-2.68] against the tiles' 2.94
+// [2.90-2.99] / 2.91 [2.89-3.04], Mixtral 22.18 [22.11-22.28] / 23.08 [23.03-23.17] against 23.79
+// [23.77-24.93] / 23.78 [23.70-25.31]; from 5 tokens the AVX-512 kernel leaves its decode tiles (M = 6:
+// Qwen3 4.16 against 3.14).
+constexpr int kAmxFfnFewMaxM = 4;
 
 const MicroKernel& bf16_microkernel(const std::string& isa, int64_t max_m, int few) {
   return find_microkernel(isa == "amx" && max_m <= few ? std::string("avx512") : isa, Dtype::bf16);

@@ -9,7 +9,7 @@
 // Micro-kernel size (Section 4.2.1, Eq. 1-2): k_r = 32, n_r = 32 W rows (tmm2, tmm3), m_r = 32
 // tokens (tmm0, tmm1), four fp32 accumulators (tmm4..tmm7) - the CMR optimum for 8 tiles of 1 KiB.
 // For M < 32 tokens the B and C tiles are shorter (colsb = 4 * tokens; one B tile when M <= 16):
-// The tile configuration is set per shape. A call whose experts have at most 2 tokens each runs the
+// The tile configuration is set per shape. A call whose experts have at most 4 tokens each runs the
 // AVX-512-BF16 micro-kernel instead (ops/moe_ffn.cpp, bf16_microkernel: measured there), as the INT8
 // and FP8 paths do for few tokens (quant_amx.cpp); the emulated build runs the tiles for every M.
 // When the expert has M <= 32 tokens, W has no reuse: it is loaded with TILELOADDT1 (non-temporal
