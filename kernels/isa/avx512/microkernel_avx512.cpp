@@ -26,6 +26,11 @@
 // down projection, K = 768: 8 classes) are run class by class in the order of their first rows
 // instead of their cuts: Qwen3 T = 1 / 2 / 4 / 8 0.99 / 0.98 / 0.93 / 0.82x (hina:avx2 0.95 / 0.94
 // / 0.92 / 0.93x).
+// Tried after (1)-(2) and not kept: decode tiles up to 8 tokens (2 rows x 8 tokens, the next tile
+// prefetched), so that an AMX call of 5-8 tokens an expert could stay here: Qwen3 M = 5 / 6 / 8 3.67 /
+// 4.05 / 4.57 ms against the AMX tiles' 2.98 / 2.96 / 3.01, Mixtral M = 6 / 8 37.0 / 42.4 against
+// 24.5 / 24.5 (one process, 3 alternated rounds): eight vdpbf16ps per 64 bytes of W, two cycles each
+// here, bound it, as the blocked path's 4 x 4 tiles (3.64 / 4.00 / 4.58) are bound.
 // The packed token rows 64 bytes longer than K (ld): T = 16..256, same method, two runs, 0.92-1.04x of
 // the time (mostly under 1). Tried beside it and not kept: K sub-blocks of 512 with the accumulators
 // carried (1.07-1.23x: the inner loop is not short of L1, and the carry costs).
