@@ -31,9 +31,8 @@ def measure(req: dict, res: dict) -> None:
     G = int(req["gen"])
     model = AutoModelForCausalLM.from_pretrained(req["path"], torch_dtype=torch.bfloat16)
     model.eval()
-    with torch.no_grad():   # into memory at load, as hinabench.e2e.measure.resident does for the other engines
-        for t in list(model.parameters()) + list(model.buffers()):
-            t.data = t.data.clone()
+    from peer_run import resident   # beside this file (see peer_run.py): the weights into memory at load
+    model = resident(model)
     model = ipex.llm.optimize(model, dtype=torch.bfloat16, inplace=True, deployment_mode=True)
     # no end-of-sequence: every run generates exactly its tokens (random weights may pick any id)
     gen_kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0, num_beams=1)

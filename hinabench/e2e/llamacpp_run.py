@@ -34,7 +34,7 @@ def measure(req: dict, res: dict) -> None:
         return llama_cpp.Llama(model_path=req["gguf"], n_threads=n, n_threads_batch=n,
                                n_ctx=max(P, len(req["validate_ids"])) + G + 16, n_batch=max(512, P),
                                logits_all=logits_all, verbose=False, seed=0, type_k=kv, type_v=kv,
-                               use_mmap=False)   # weights read into memory at load, as measure.resident
+                               use_mmap=False)   # weights read into memory at load, as peer_run.resident
     llm = load(True)          # every prompt position's logits: validation only (it costs a prefill)
     ids = req["validate_ids"]
     llm.reset()

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ..harness.stats import summarize
+from .peer_run import resident
 
 LOGIT_TOLERANCE = 0.03       # relative L2 of the prompt logits against transformers fp32 (bf16 weights and activations)
 VALIDATE_TOKENS = 32
@@ -52,25 +53,7 @@ def load(path: Path, dtype=torch.bfloat16, experts: str | None = None):
     kw = {"experts_implementation": experts} if experts else {}
     m = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kw)
     m.eval()
-    return resident(m)
-
-
-def resident(model):
-    """Every parameter and buffer copied into this process's own memory, one tensor at a time.
-
-    transformers maps the safetensors file, so a page of it that was never read, or that the kernel
-    dropped from the page cache since, is read from the disk when a step first needs it: with random
-    weights each new token's embedding row (151936 rows for Qwen3). Measured on the AMX Xeon
-    (2026-12-04, Qwen3-30B-A3B 4 layers, batch 1): the embedding lookup took 3-10 ms on 4-8 of 16 decode
-    steps, each with a major page fault, against 0.04-0.1 ms on the others, for `hf` and the `hina`
-    engines alike. vLLM and llama.cpp (run without mmap) read their weights into memory at load; so do
-    these engines now. The kernels still read the parameters in place: a copy here is the loader's, made
-    once, for every engine the same."""
-    with torch.no_grad():
-        for t in list(model.parameters()) + list(model.buffers()):
-            t.data = t.data.clone()
-    gc.collect()
-    return model
+    return resident(m)   # the weights into memory at load
 
 
 def set_engine(model, engine: str, default_impl: str, default_attn: str = "sdpa") -> str:
