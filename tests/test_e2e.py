@@ -160,6 +160,32 @@ def test_attention_dropin_decodes_on_hina_and_prefills_on_sdpa(name):
     assert len(calls) == layers * M.GREEDY_STEPS                  # decode steps only, every layer
     assert {c[2] for c in calls} == set(range(13, 13 + M.GREEDY_STEPS))   # the cache grows by one per step
     assert M.set_engine(m, "hf", "eager", "sdpa") == "experts=eager attn=sdpa"   # and back
+    assert len({c[1] for c in calls}) == layers      # each layer's keys read in place, step after step
+
+
+def test_append_cache_holds_what_transformers_cache_holds_without_a_copy_per_step():
+    """dropin_cache.AppendLayer: the same keys and values as DynamicLayer's torch.cat after a prompt and
+    every append, as views of buffers that move only when they grow (capacity doubled); crop and a batch
+    reorder keep it right."""
+    from transformers.cache_utils import DynamicLayer
+
+    from hinabench.e2e.dropin_cache import AppendLayer
+    g = torch.Generator().manual_seed(0)
+    kv = lambda n, b=2: (torch.randn(b, 3, n, 16, generator=g).bfloat16(), torch.randn(b, 3, n, 8, generator=g).bfloat16())  # noqa: E731
+    ours, theirs = AppendLayer(), DynamicLayer()
+    ptrs = []
+    for n in [200] + [1] * 70 + [5]:
+        k, v = kv(n)
+        a, b = ours.update(k, v), theirs.update(k, v)
+        assert all(torch.equal(x, y) for x, y in zip(a, b)) and a[0].stride(-1) == 1
+        assert ours.get_seq_length() == theirs.get_seq_length()
+        ptrs.append(a[0].data_ptr())
+    assert len(set(ptrs)) == 2 and ptrs[0] == ptrs[56] != ptrs[57]   # 256 slots, then 512
+    ours.crop(-10), theirs.crop(-10)
+    ours.batch_select_indices(torch.tensor([1])), theirs.batch_select_indices(torch.tensor([1]))
+    k, v = kv(3, 1)
+    assert all(torch.equal(x, y) for x, y in zip(ours.update(k, v), theirs.update(k, v)))
+    assert ours.get_seq_length() == 268
 
 
 @pytest.mark.parametrize("name", list(TINY))
@@ -186,6 +212,8 @@ def test_show_patch_prints_the_dropin_and_its_line_count():
     assert 5 <= n <= 30
     n = int(r.output.rsplit("the attention drop-in (engine hina+a): ", 1)[1].split()[0])
     assert 5 <= n <= 30
+    n = int(r.output.rsplit("its KV cache appended in place (engines hina+a, hina+l+a): ", 1)[1].split()[0])
+    assert "class AppendLayer(DynamicLayer)" in r.output and 10 <= n <= 60
 
 
 def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):

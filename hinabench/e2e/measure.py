@@ -75,6 +75,13 @@ def set_engine(model, engine: str, default_impl: str, default_attn: str = "sdpa"
             + (" linear=hina" if engine in WITH_LINEAR else ""))
 
 
+def new_cache(model):
+    """The KV cache a pass decodes with: appended in place under HiNa attention (dropin_cache.py),
+    transformers' DynamicCache otherwise."""
+    from . import dropin_cache
+    return dropin_cache.new_cache(model)
+
+
 # ---- validation --------------------------------------------------------------------------------------
 @dataclass
 class Reference:
@@ -134,8 +141,7 @@ def router_near_tie(margins: list) -> str | None:
 
 @torch.inference_mode()
 def _greedy(model, ids, steps: int) -> list[int]:
-    from transformers import DynamicCache
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model)
     out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
     toks = []
     for _ in range(steps):
@@ -247,8 +253,7 @@ def logprob_err(got, ref: Reference) -> float:
 @torch.inference_mode()
 def generate_timed(model, ids: torch.Tensor, gen: int) -> tuple[float, list[float]]:
     """(TTFT seconds, [seconds of each decode step]) for prompt `ids` [B, P] and `gen` new tokens."""
-    from transformers import DynamicCache
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model)
     t0 = time.perf_counter()
     out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
     nxt = out.logits[:, -1].argmax(-1, keepdim=True)
@@ -264,8 +269,7 @@ def generate_timed(model, ids: torch.Tensor, gen: int) -> tuple[float, list[floa
 
 @torch.inference_mode()
 def prefill_timed(model, ids: torch.Tensor) -> float:
-    from transformers import DynamicCache
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model)
     t0 = time.perf_counter()
     out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
     out.logits[:, -1].argmax(-1)
@@ -319,8 +323,7 @@ def block_timers(model):
 def decode_shares(model, ids: torch.Tensor, steps: int = 16) -> dict:
     """Per decode step: ms in the experts, ms in attention, the step's ms, distinct experts touched
     per layer (a pass of its own, with timers; not the timed one)."""
-    from transformers import DynamicCache
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model)
     out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
     nxt = out.logits[:, -1].argmax(-1, keepdim=True)
     with block_timers(model) as bt:

@@ -1,0 +1,62 @@
+"""The KV cache appended in place, for the engines with HiNa decode attention (`hina+a`, `hina+l+a`).
+
+transformers' DynamicLayer grows its keys and values by `torch.cat` at every step: each decode step
+copies the layer's whole cache (at 4096 tokens of Qwen3-30B-A3B, 8 MiB read and 8 MiB written per
+layer and step, ~0.5 ms of a ~5 ms layer on 2 cores), work no engine with a paged or preallocated cache
+does. AppendLayer keeps them in buffers with room to grow (the capacity doubled when full, so an append
+is amortised O(1)) and hands attention views of the first L positions: the same [B, h_kv, L, d] tensors
+as DynamicLayer's (head_dim contiguous; the sequence and head strides are the capacity's), which
+HiNa's decode attention and sdpa both read in place. Everything else is DynamicLayer's.
+"""
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+class AppendLayer(DynamicLayer):
+    def lazy_initialization(self, key_states, value_states):
+        super().lazy_initialization(key_states, value_states)
+        self.length, self.buffers = 0, None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        end = self.length + n
+        if self.buffers is None or end > self.buffers[0].shape[-2]:
+            cap = max(end, 2 * self.length, 256)
+            self.buffers = tuple(x.new_empty(x.shape[:-2] + (cap, x.shape[-1])) for x in (key_states, value_states))
+            if self.length:
+                self.buffers[0][..., :self.length, :].copy_(self.keys)
+                self.buffers[1][..., :self.length, :].copy_(self.values)
+        self.buffers[0][..., self.length:end, :].copy_(key_states)
+        self.buffers[1][..., self.length:end, :].copy_(value_states)
+        self.length = end
+        self.keys, self.values = self.buffers[0][..., :end, :], self.buffers[1][..., :end, :]
+        return self.keys, self.values
+
+    def crop(self, tokens_to_remove):
+        super().crop(tokens_to_remove)
+        self.length = self.keys.shape[-2]        # still views of the buffers
+
+    def batch_repeat_interleave(self, repeats):
+        super().batch_repeat_interleave(repeats)
+        self.buffers = None                      # new tensors: the next append copies them into new buffers
+
+    def batch_select_indices(self, indices):
+        super().batch_select_indices(indices)
+        self.buffers = None
+
+
+def append_cache(config) -> DynamicCache:
+    """transformers' DynamicCache for `config`, its full-attention layers appended in place."""
+    cache = DynamicCache(config=config)
+    cache.layers = [AppendLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+def new_cache(model) -> DynamicCache:
+    """The cache an engine decodes with: appended in place under HiNa attention, transformers' own else."""
+    if model.config._attn_implementation == "hina":
+        return append_cache(model.config)
+    return DynamicCache(config=model.config)
+
