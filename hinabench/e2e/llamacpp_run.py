@@ -30,9 +30,14 @@ def measure(req: dict, res: dict) -> None:
           "bf16": getattr(llama_cpp, "GGML_TYPE_BF16", 30)}[kv_name]
     res["kv_cache"] = kv_name
 
+    n_ctx = max(P, len(req["validate_ids"])) + G + 16
+
     def load(logits_all: bool):
+        # n_batch >= n_ctx: without logits_all, llama-cpp-python 0.3 keeps n_batch rows of scores but
+        # writes a step's logits at its absolute position (an IndexError past n_batch: a 4096-token
+        # prompt with n_batch 4096 failed at the first decode step)
         return llama_cpp.Llama(model_path=req["gguf"], n_threads=n, n_threads_batch=n,
-                               n_ctx=max(P, len(req["validate_ids"])) + G + 16, n_batch=max(512, P),
+                               n_ctx=n_ctx, n_batch=max(512, n_ctx),
                                logits_all=logits_all, verbose=False, seed=0, type_k=kv, type_v=kv,
                                use_mmap=False)   # weights read into memory at load, as peer_run.resident
     llm = load(True)          # every prompt position's logits: validation only (it costs a prefill)

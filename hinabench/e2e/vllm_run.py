@@ -25,7 +25,10 @@ def measure(req: dict, res: dict) -> None:
     kw = {}
     if not req.get("compile", False):
         kw["compilation_config"] = {"mode": 0}
-    llm = LLM(model=req["path"], dtype="bfloat16", max_model_len=P + G + 16, seed=0,
+    # enable_prefix_caching=False: every round sends the same prompt, which vLLM's prefix cache (on by
+    # default in its v1 engine) would otherwise serve from the first round's KV: TTFT of a 4096-token
+    # prompt read 175 ms from round 2 on (2 layers of Qwen3-30B-A3B, 2 threads), where round 1 took ~1.3 s
+    llm = LLM(model=req["path"], dtype="bfloat16", max_model_len=P + G + 16, seed=0, enable_prefix_caching=False,
               max_num_seqs=max(req["batches"]), skip_tokenizer_init=True, enforce_eager=True,
               max_num_batched_tokens=max(4096, P * max(req["batches"])), **kw)
     # validation: prompt log-probs of the validation ids, and the first greedy steps
