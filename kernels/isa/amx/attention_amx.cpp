@@ -61,6 +61,19 @@
 // 1.02x / 1.21x (whole token records per head's share); not kept. Nor is it the DTLB: the caches moved
 // onto 2 MiB pages (MADV_COLLAPSE; half of the 700 MB took) 0.465 against 0.479 ms. What else holds
 // the stream back there is open (the tile loads' own misses are the next suspect).
+// Tried 2026-12-04 (same Xeon, batch-1 decode, 2 threads, the builds' modules swapped in one process,
+// 5-9 alternated rounds, bit-identical) and not kept: the K and V tiles loaded with TILELOADDT1 (vLLM's
+// AMX attention streams its packed cache so): 0.99-1.01x the time, contiguous and paged, l = 4096; the
+// driver's prefetch into L2 in 4 pieces (the vector kernels' blocking): contiguous 1.07 / 1.24x (Qwen3 /
+// Mixtral-8x7B), paged 1.02 / 1.09x; on a contiguous cache, instead of the driver's burst, the rows 32
+// keys ahead prefetched from inside the tile loops (one 16-key group's lines per K tile step and per V
+// tile row group, addresses extrapolated by the rows' spacing): from DRAM 1.01-1.04x at l = 4096 and
+// 0.96x at 16384, with the KV in the L3 (one 8 / 16 MiB cache) 0.83-0.85x, and 16 or 64 keys ahead, or
+// into L2, 1.13-1.21x (from DRAM). From the L3 this kernel takes 0.31-0.37 ms for Qwen3's 8 MiB at l =
+// 4096 (0.50-0.67 for Mixtral's 16) against ~0.5 / ~0.87 from DRAM: its compute alone is about its
+// memory time; vLLM's AMX kernel reads a cache in its own pre-packed tile layout (cpu_attn_amx.hpp:
+// every K and V tile one dense 1 KiB block, no transposes or gathers around the tile products), where
+// this one keeps the framework's layout and pays for it in compute.
 //
 // Built twice from this one source, like microkernel_amx.cpp: for real (`_C`, isa "amx") and against
 // emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated"), so it runs in the same tests.
