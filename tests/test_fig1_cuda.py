@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hinabench.backends import get
-from hinabench.backends.torch_cuda import TorchCuda, cuda_missing
+from hinabench.backends.torch_cuda import TorchCuda, TorchCudaGrouped, cuda_missing
 from hinabench.harness.measure import RoundPlan
 from hinabench.problems import FFNProblem, materialize, rel_err
 
@@ -55,6 +55,32 @@ def test_the_cuda_backends_code_runs_validates_and_probes_its_own_device():
     assert b.versions()["torch"] == torch.__version__
     b.close()
     assert not hasattr(b, "w13")
+
+
+class GroupedOnCpu(TorchCudaGrouped):
+    """torch-cuda:grouped's own code on the CPU device (torch's grouped_mm has a CPU path)."""
+    name = "torch-cuda:grouped@cpu-for-tests"
+    device = "cpu"
+    probe_n = 128
+    probe_reps = 2
+
+
+@pytest.mark.parametrize("routing,tokens", [("same-experts", 5), ("router", 9), ("router", 1)])
+def test_the_grouped_cuda_backend_matches_the_reference_in_every_rotation_group(routing, tokens):
+    """Pairs sorted by expert, one grouped_mm per projection over the group's experts (ids made local
+    to the group), experts that get no token included: the reference in every rotation group."""
+    p = FFNProblem.custom(128, 96, tokens, 2, routed_experts=6, seed=4, routing=routing)
+    data = materialize(p, llc_bytes=200_000)   # an L3 this small: several rotation groups
+    assert data.groups >= 2
+    ok, why = TorchCudaGrouped.availability()
+    assert ok or why.startswith("no CUDA device")
+    b = GroupedOnCpu(1)
+    b.prepare(data)
+    for g in range(data.groups):
+        out = b.run(g)
+        assert out.dtype == torch.bfloat16 and rel_err(out, data.reference(g)) <= data.problem.tolerance, g
+    b.close()
+    assert get("torch-cuda:grouped").name == "torch-cuda:grouped"
 
 
 def _cpu_and_gpu(root, gpu_status="ok"):

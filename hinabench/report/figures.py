@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..harness.store import load_frame
 
 
-CUDA_BACKENDS = ("torch-cuda",)     # GPU backends: drawn in fig1, left out of the CPU figures (said so)
+CUDA_BACKENDS = ("torch-cuda", "torch-cuda:grouped")     # GPU backends: drawn in fig1, left out of the CPU figures (said so)
 
 
 def _cpu_only(df):
