@@ -240,7 +240,8 @@ void amx_down(const QDownTask& t) {
 // block: W is converted once per call, not once per token group. Nothing persistent is repacked.
 // The tokens are bf16 VNNI pairs (the BF16 kernel's B layout); the SiLU(gate)*up intermediate is
 // rounded to bf16 for the down projection, as the BF16 kernels do.
-// With M <= 4 tokens an expert runs on the AVX-512 FP8 kernel (quant_avx512.cpp) instead: there the
+// With M <= 4 tokens an expert runs on the AVX-512 FP8 kernel (quant_avx512.cpp; M = 3-4 now on the
+// converted tiles below, f8_few) instead: there the
 // unpack pass would cost as much as the dot products it feeds (the tiles at T = 2 / 4 for Qwen3-30B-A3B:
 // 3.5 / 3.5 ms against 2.1 / 3.0; 2026-12-01). The AVX2 FP8 kernel, which ran them before, measured
 // the same speed with its rows spread (1.61 / 2.16 / 2.96 ms at T = 1 / 2 / 4, against 1.66 / 2.10 /
@@ -432,6 +433,194 @@ void amxf8_down(const QDownTask& t) {
   store_y(t.y, t.ldy, t.n0, t.n, t.M, c);
 }
 
+// ---- FP8 with few tokens on the tiles: each W tile converted as it is loaded ------------------------
+// With M <= 4 tokens the unpack pass above costs as much as the products it feeds (it scales and rounds
+// every weight, six byte permutes per 64). Here the conversion is exact and cheap, and nothing waits in
+// L2: per 64 weights of each of a tile's 16 rows, the e4m3 bytes looked up as bf16 (f8_bytes: two
+// vpermt2b; every e4m3 value is a bf16 normal) and put together by one vpunpcklbw and one vpunpckhbw,
+// which keep 128-bit lanes: the low words hold weights 16L + e (lane L, e < 8), the high ones 16L + 8 + e,
+// and each becomes one row of an A tile image in L1 (16 rows x 64 bytes). The tokens are packed in that
+// order instead (transformation 1 moves I, not W: f8f_elem), bf16 VNNI pairs, M columns of B. The block
+// scale is applied per 128 of K to the fp32 tiles of the block's products (per row where a tile crosses
+// a 128-row block). Each step prefetches the same 64 bytes of the next tile's rows into L2 (the BF16
+// decode tiles' rule: glue.h). Nothing persistent is repacked.
+// Measured (2026-12-04, the AMX Xeon, 2 threads, same-experts routing, weights rotated past the L3, the
+// builds' modules swapped in one process, 3-5 alternated rounds, median ms), against the AVX-512 FP8
+// kernel that ran these experts before: Qwen3-30B-A3B M = 1 / 2 / 3 / 4 1.98 / 1.82 / 2.01 / 1.99 against
+// 1.47 / 1.56 / 2.16 / 2.40, Mixtral-8x7B M = 2 / 3 / 4 13.7 / 14.6 / 13.4 against 12.9 / 18.3 / 20.1: the
+// tiles' time is flat in M, the vector kernel's grows with it, so M = 3 and 4 take the tiles. Their first
+// form (no prefetch, one accumulator tile, the images stored and loaded in the same step, the scale
+// applied per row in scalar code) took 3.7-4.2 ms at every M; the next tile's prefetch into L1 instead
+// of L2 2.08 against 1.99 (M = 4).
+constexpr int kF8FewMaxM = 4;
+#if defined(HINA_EMU_AMX)
+constexpr int kF8FewMinM = 1;   // the emulated build takes the tiles for every M <= 4: the same tests run them
+#else
+constexpr int kF8FewMinM = 3;
+#endif
+inline bool f8_few(int M, int K) { return M >= kF8FewMinM && M <= kF8FewMaxM && K % 64 == 0; }
+// K element of pair p (its first of two) in chunk c of 32: chunk 2b + t of 64-block b holds the weights of
+// the t-th unpack (t = 0: 16L + e, t = 1: 16L + 8 + e), in word order
+inline int64_t f8f_elem(int c, int p) { return 64 * int64_t(c >> 1) + 16 * (p >> 2) + 2 * (p & 3) + 8 * (c & 1); }
+size_t amxf8f_packed_bytes(int M, int K, int) { return size_t(K) * M * sizeof(bf16_t); }
+void amxf8f_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int, void* I) {
+  bf16_t* d = static_cast<bf16_t*>(I);
+  for (int c = 0; c < K / 32; ++c)
+    for (int p = 0; p < 16; ++p)
+      for (int m = 0; m < M; ++m) {
+        const bf16_t* xr = x + int64_t(rows[m]) * ldx + f8f_elem(c, p);
+        bf16_t* o = d + ((int64_t(c) * 16 + p) * M + m) * 2;
+        o[0] = xr[0];
+        o[1] = xr[1];
+      }
+}
+void amxf8f_pack_act(const float* act, int M, int K, int, void* out) {
+  bf16_t* d = static_cast<bf16_t*>(out);
+  for (int c = 0; c < K / 32; ++c)
+    for (int p = 0; p < 16; ++p)
+      for (int m = 0; m < M; ++m) {
+        const float* ar = act + int64_t(m) * K + f8f_elem(c, p);
+        bf16_t* o = d + ((int64_t(c) * 16 + p) * M + m) * 2;
+        o[0] = f32_to_bf16(ar[0]);
+        o[1] = f32_to_bf16(ar[1]);
+      }
+}
+
+// rows [0, rows) of a tile, 64 weights each from src[r] + k, into the two A images (see above)
+inline void f8f_convert_scalar(const uint8_t* const* src, int rows, int64_t k, bf16_t* img0, bf16_t* img1) {
+  auto bf = [](uint8_t b) {   // exact: the bit move and 2^120, as unpack_rows
+    const uint32_t bits = ((b & 0x80u) << 24) | ((b & 0x7Fu) << 20);
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f32_to_bf16(f * kTwo120);
+  };
+  for (int r = 0; r < rows; ++r)
+    for (int w = 0; w < 32; ++w) {
+      const int e = 16 * (w >> 3) + (w & 7);
+      img0[r * 32 + w] = bf(src[r][k + e]);
+      img1[r * 32 + w] = bf(src[r][k + e + 8]);
+    }
+}
+#if !defined(HINA_EMU_AMX)
+HINA_VBMI inline void f8f_convert(const uint8_t* const* src, int rows, int64_t k, const F8Tables& tab, bf16_t* img0,
+                                  bf16_t* img1, const uint8_t* const* nxt, int nrows) {
+  for (int r = 0; r < rows; ++r) {
+    if (r < nrows) _mm_prefetch(reinterpret_cast<const char*>(nxt[r] + k), _MM_HINT_T1);
+    __m512i h, l;
+    f8_bytes(_mm512_loadu_si512(src[r] + k), tab, h, l);
+    _mm512_store_si512(img0 + r * 32, _mm512_unpacklo_epi8(l, h));
+    _mm512_store_si512(img1 + r * 32, _mm512_unpackhi_epi8(l, h));
+  }
+}
+#endif
+
+// c[j * M + m] for rows j < n of the fp8 matrix (row 0 at w0 + n0 * ldw) x all M (<= 4) tokens.
+// Software-pipelined: the next 64 weights of the tile's rows are converted into the other pair of
+// images while the tile unit works on this pair (a tile load waits for the vector stores it reads to
+// reach L1), and the two products of a step accumulate in two tiles (no chain between them).
+void amxf8f_mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int n0, int n, const void* I, int M,
+               int K, float* c) {
+  const bf16_t* X = static_cast<const bf16_t*>(I);
+#if !defined(HINA_EMU_AMX)
+  static const bool vbmi = cpu_features().avx512_vbmi;
+  const F8Tables tab;
+#endif
+  alignas(64) bf16_t img[2][2][16 * 32];
+  alignas(64) float C[2][16 * 16];
+  alignas(64) float acc[16 * 16];
+  const uint8_t* src[16];
+  const uint8_t* nxt[16];   // the next tile's rows: the same 64 bytes of each prefetched as this tile converts
+  int nrows = 0;
+  const int64_t chunk = int64_t(16) * M * 2;   // bf16 of one token chunk image
+  auto convert = [&](int rows, int64_t k, bf16_t* i0, bf16_t* i1) {
+#if !defined(HINA_EMU_AMX)
+    if (vbmi) return f8f_convert(src, rows, k, tab, i0, i1, nxt, nrows);
+#endif
+    f8f_convert_scalar(src, rows, k, i0, i1);
+  };
+  int cfg_rows = -1;
+  for (int r0 = 0; r0 < n; r0 += 16) {
+    const int rows = n - r0 < 16 ? n - r0 : 16;
+    if (rows != cfg_rows) {
+      TileConfig cfg{};
+      cfg.palette_id = 1;
+      auto set = [&](int t, int r, int colsb) { cfg.rows[t] = uint8_t(r); cfg.colsb[t] = uint16_t(colsb); };
+      set(0, rows, 64);          // tmm0, tmm1: the two A images (W rows)
+      set(1, rows, 64);
+      set(2, 16, 4 * M);         // tmm2, tmm3: the token chunks (B)
+      set(3, 16, 4 * M);
+      set(4, rows, 4 * M);       // tmm4, tmm5: a 128-block's products, one per image
+      set(5, rows, 4 * M);
+      _tile_loadconfig(&cfg);
+      cfg_rows = rows;
+    }
+    for (int r = 0; r < rows; ++r) src[r] = reinterpret_cast<const uint8_t*>(w0 + int64_t(n0 + r0 + r) * ldw);
+    nrows = n - r0 - 16 < 16 ? (n - r0 - 16 > 0 ? n - r0 - 16 : 0) : 16;
+    for (int r = 0; r < nrows; ++r) nxt[r] = src[0] + int64_t(16 + r) * ldw;
+    std::memset(acc, 0, sizeof(acc));
+    // one scale for the tile's rows when they lie in one 128-row block (always, for tasks that start at
+    // a multiple of 16): the epilogue is then four vector FMAs
+    const bool one_block = (n0 + r0) / 128 == (n0 + r0 + rows - 1) / 128;
+    int cur = 0;
+    convert(rows, 0, img[0][0], img[0][1]);
+    for (int64_t k0 = 0; k0 < K; k0 += 128) {
+      _tile_zero(4);
+      _tile_zero(5);
+      const int64_t k1 = K - k0 < 128 ? K : k0 + 128;
+      for (int64_t k = k0; k < k1; k += 64) {
+        _tile_loadd(0, img[cur][0], 64);
+        _tile_loadd(2, X + (k / 32) * chunk, 4 * M);
+        _tile_dpbf16ps(4, 0, 2);
+        _tile_loadd(1, img[cur][1], 64);
+        _tile_loadd(3, X + (k / 32 + 1) * chunk, 4 * M);
+        _tile_dpbf16ps(5, 1, 3);
+        if (k + 64 < K) convert(rows, k + 64, img[cur ^ 1][0], img[cur ^ 1][1]);
+        cur ^= 1;
+      }
+      _tile_stored(4, C[0], 4 * M);   // rows x M fp32, dense
+      _tile_stored(5, C[1], 4 * M);
+      const int64_t sb = k0 / 128;
+      if (one_block) {
+        const float sc = s0[int64_t((n0 + r0) / 128) * lds + sb];
+        for (int i = 0; i < rows * M; ++i) acc[i] += sc * (C[0][i] + C[1][i]);
+      } else {
+        for (int r = 0; r < rows; ++r) {
+          const float sc = s0[int64_t((n0 + r0 + r) / 128) * lds + sb];
+          for (int m = 0; m < M; ++m) acc[r * M + m] += sc * (C[0][r * M + m] + C[1][r * M + m]);
+        }
+      }
+    }
+    std::memcpy(c + int64_t(r0) * M, acc, size_t(rows) * M * sizeof(float));
+  }
+  _tile_release();
+}
+
+void amxf8f_gate_up(const QGateUpTask& t) {
+  float* c = tl_c.get(size_t(2) * t.n * t.M);
+  amxf8f_mm(t.w_gate, t.ldw_gate, t.s_gate, t.lds_gate, t.n0, t.n, t.I, t.M, t.K, c);
+  amxf8f_mm(t.w_up, t.ldw_up, t.s_up, t.lds_up, t.n0, t.n, t.I, t.M, t.K, c + int64_t(t.n) * t.M);
+  store_act_f32(t.act, t.act_K, t.n0, t.n, t.M, c, c + int64_t(t.n) * t.M, t.M);
+}
+
+void amxf8f_down(const QDownTask& t) {
+  float* c = tl_c.get(size_t(t.n) * t.M);
+  amxf8f_mm(t.w, t.ldw, t.s, t.lds, t.n0, t.n, t.act, t.M, t.K, c);
+  store_y(t.y, t.ldy, t.n0, t.n, t.M, c);
+}
+
+// FP8 by (M, K): few tokens on the converted tiles above (K a multiple of 64), else the W-block tiles
+template <const QuantMicroKernel& Few, const QuantMicroKernel& Many>
+struct Fp8Split {
+  static const QuantMicroKernel& of(int M, int K) { return f8_few(M, K) ? Few : Many; }
+  static size_t packed_bytes(int M, int K, int g) { return of(M, K).packed_bytes(M, K, g); }
+  static void pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int g, void* I) {
+    of(M, K).pack_tokens(x, ldx, rows, M, K, g, I);
+  }
+  static void pack_act(const float* act, int M, int K, int g, void* out) { of(M, K).pack_act(act, M, K, g, out); }
+  static void gate_up(const QGateUpTask& t) { of(t.M, t.K).gate_up(t); }
+  static void down(const QDownTask& t) { of(t.M, t.K).down(t); }
+};
+
 }  // namespace
 
 // The tiles alone (the emulated build's entries), and the real build's: experts with few tokens on a
@@ -441,9 +630,18 @@ void amxf8_down(const QDownTask& t) {
 const QuantMicroKernel quant_microkernel_amx_int8{
     "amx-emulated", Dtype::int8, nullptr, /*task_rows=*/64, amx_packed_bytes, amx_pack_tokens, amx_pack_act,
     amx_gate_up, amx_down};
+namespace {
+const QuantMicroKernel amx_fp8_few{
+    "amx-emulated", Dtype::fp8, nullptr, 64, amxf8f_packed_bytes, amxf8f_pack_tokens, amxf8f_pack_act, amxf8f_gate_up,
+    amxf8f_down};
+const QuantMicroKernel amx_fp8_tiles{
+    "amx-emulated", Dtype::fp8, nullptr, 64, amxf8_packed_bytes, amxf8_pack_tokens, amxf8_pack_act, amxf8_gate_up,
+    amxf8_down};
+using Fp8 = Fp8Split<amx_fp8_few, amx_fp8_tiles>;
+}  // namespace
 const QuantMicroKernel quant_microkernel_amx_fp8{
-    "amx-emulated", Dtype::fp8, nullptr, /*task_rows=*/64, amxf8_packed_bytes, amxf8_pack_tokens, amxf8_pack_act,
-    amxf8_gate_up, amxf8_down};
+    "amx-emulated", Dtype::fp8, nullptr, /*task_rows=*/64, Fp8::packed_bytes, Fp8::pack_tokens, Fp8::pack_act,
+    Fp8::gate_up, Fp8::down};
 #else
 namespace {
 const QuantMicroKernel amx_int8_tiles{
@@ -465,7 +663,8 @@ struct ByTokens {
     return {"amx", dtype, "amx", /*task_rows=*/256, packed_bytes, pack_tokens, pack_act, gate_up, down};
   }
 };
-// INT8: M <= 8 on the AVX-512 VNNI kernel; FP8: M <= 4 on the AVX-512 FP8 kernel (quant_avx512.cpp). FP8's
+// INT8: M <= 8 on the AVX-512 VNNI kernel; FP8: M <= 2 on the AVX-512 FP8 kernel (quant_avx512.cpp), M = 3-4
+// on the converted tiles (f8_few, above), the W-block tiles from 5. FP8's
 // tiles from M = 2 instead (2026-12-02, Qwen3-30B-A3B shapes, all 8 experts, from DRAM, builds alternated
 // twice): T = 2 3.86-3.91 ms against 2.19-2.23, T = 4 3.78-3.80 against 3.11.
 // INT8's split was at M <= 4 until the VNNI kernel gained its 8-token tiles' pair packing and prefetch;
@@ -476,9 +675,16 @@ struct ByTokens {
 // 2.07 / 2.11 against 2.42 / 2.65, Mixtral M = 12 16.69 against 19.72).
 using Int8ByTokens = ByTokens<quant_microkernel_avx512_int8, amx_int8_tiles, 8>;
 using Fp8ByTokens = ByTokens<quant_microkernel_avx512_fp8, amx_fp8_tiles, 4>;
+const QuantMicroKernel amx_fp8_vec_or_tiles = Fp8ByTokens::entry(Dtype::fp8);
+const QuantMicroKernel amx_fp8_few{
+    "amx", Dtype::fp8, "amx", 256, amxf8f_packed_bytes, amxf8f_pack_tokens, amxf8f_pack_act, amxf8f_gate_up,
+    amxf8f_down};
+using Fp8 = Fp8Split<amx_fp8_few, amx_fp8_vec_or_tiles>;
 }  // namespace
 const QuantMicroKernel quant_microkernel_amx_int8 = Int8ByTokens::entry(Dtype::int8);
-const QuantMicroKernel quant_microkernel_amx_fp8 = Fp8ByTokens::entry(Dtype::fp8);
+const QuantMicroKernel quant_microkernel_amx_fp8{
+    "amx", Dtype::fp8, "amx", /*task_rows=*/256, Fp8::packed_bytes, Fp8::pack_tokens, Fp8::pack_act, Fp8::gate_up,
+    Fp8::down};
 #endif
 
 }  // namespace hina
