@@ -451,7 +451,10 @@ void amxf8_down(const QDownTask& t) {
 // tiles' time is flat in M, the vector kernel's grows with it, so M = 3 and 4 take the tiles. Their first
 // form (no prefetch, one accumulator tile, the images stored and loaded in the same step, the scale
 // applied per row in scalar code) took 3.7-4.2 ms at every M; the next tile's prefetch into L1 instead
-// of L2 2.08 against 1.99 (M = 4).
+// of L2 2.08 against 1.99 (M = 4). Tried and not kept: the tokens times each 128-row block's scales,
+// rounded to bf16, so that a tile accumulates over all of K with no per-block step (Qwen3-30B-A3B M = 3 /
+// 4 2.22 / 2.31 ms, rel_err 3.6e-3 against 2.3e-3: the scaling pass per block of rows costs more than
+// the epilogues it saves).
 constexpr int kF8FewMaxM = 4;
 #if defined(HINA_EMU_AMX)
 constexpr int kF8FewMinM = 1;   // the emulated build takes the tiles for every M <= 4: the same tests run them
