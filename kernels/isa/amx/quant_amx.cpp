@@ -420,18 +420,24 @@ void amxf8_mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int n
   _tile_release();
 }
 
-void amxf8_gate_up(const QGateUpTask& t) {
+// The tasks around an FP8 product (amxf8_mm, or amxf8f_mm below): gate and up, then SiLU(gate) * up
+// stored; or down, stored.
+using F8Mm = void (*)(const int8_t*, int64_t, const float*, int64_t, int, int, const void*, int, int, float*);
+template <F8Mm Mm>
+void f8_gate_up(const QGateUpTask& t) {
   float* c = tl_c.get(size_t(2) * t.n * t.M);
-  amxf8_mm(t.w_gate, t.ldw_gate, t.s_gate, t.lds_gate, t.n0, t.n, t.I, t.M, t.K, c);
-  amxf8_mm(t.w_up, t.ldw_up, t.s_up, t.lds_up, t.n0, t.n, t.I, t.M, t.K, c + int64_t(t.n) * t.M);
+  Mm(t.w_gate, t.ldw_gate, t.s_gate, t.lds_gate, t.n0, t.n, t.I, t.M, t.K, c);
+  Mm(t.w_up, t.ldw_up, t.s_up, t.lds_up, t.n0, t.n, t.I, t.M, t.K, c + int64_t(t.n) * t.M);
   store_act_f32(t.act, t.act_K, t.n0, t.n, t.M, c, c + int64_t(t.n) * t.M, t.M);
 }
-
-void amxf8_down(const QDownTask& t) {
+template <F8Mm Mm>
+void f8_down(const QDownTask& t) {
   float* c = tl_c.get(size_t(t.n) * t.M);
-  amxf8_mm(t.w, t.ldw, t.s, t.lds, t.n0, t.n, t.act, t.M, t.K, c);
+  Mm(t.w, t.ldw, t.s, t.lds, t.n0, t.n, t.act, t.M, t.K, c);
   store_y(t.y, t.ldy, t.n0, t.n, t.M, c);
 }
+constexpr auto amxf8_gate_up = f8_gate_up<amxf8_mm>;
+constexpr auto amxf8_down = f8_down<amxf8_mm>;
 
 // ---- FP8 with few tokens on the tiles: each W tile converted as it is loaded ------------------------
 // With M <= 4 tokens the unpack pass above costs as much as the products it feeds (it scales and rounds
@@ -598,18 +604,8 @@ void amxf8f_mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int 
   _tile_release();
 }
 
-void amxf8f_gate_up(const QGateUpTask& t) {
-  float* c = tl_c.get(size_t(2) * t.n * t.M);
-  amxf8f_mm(t.w_gate, t.ldw_gate, t.s_gate, t.lds_gate, t.n0, t.n, t.I, t.M, t.K, c);
-  amxf8f_mm(t.w_up, t.ldw_up, t.s_up, t.lds_up, t.n0, t.n, t.I, t.M, t.K, c + int64_t(t.n) * t.M);
-  store_act_f32(t.act, t.act_K, t.n0, t.n, t.M, c, c + int64_t(t.n) * t.M, t.M);
-}
-
-void amxf8f_down(const QDownTask& t) {
-  float* c = tl_c.get(size_t(t.n) * t.M);
-  amxf8f_mm(t.w, t.ldw, t.s, t.lds, t.n0, t.n, t.act, t.M, t.K, c);
-  store_y(t.y, t.ldy, t.n0, t.n, t.M, c);
-}
+constexpr auto amxf8f_gate_up = f8_gate_up<amxf8f_mm>;
+constexpr auto amxf8f_down = f8_down<amxf8f_mm>;
 
 // FP8 by (M, K): few tokens on the converted tiles above (K a multiple of 64), else the W-block tiles
 template <const QuantMicroKernel& Few, const QuantMicroKernel& Many>
