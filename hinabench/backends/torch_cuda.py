@@ -135,11 +135,8 @@ class TorchCuda(Backend):
         super().close()
 
 
-def grouped_mm_missing() -> str:
-    """Why this torch has no grouped matrix product, or ''."""
-    if hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm"):
-        return ""
-    return f"torch {torch.__version__} has no grouped_mm (torch.nn.functional.grouped_mm or torch._grouped_mm)"
+# torch's grouped matrix product (public from 2.10, torch._grouped_mm before), or None
+GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
 @register
@@ -158,7 +155,10 @@ class TorchCudaGrouped(TorchCuda):
     @classmethod
     def availability(cls) -> tuple[bool, str]:
         ok, why = super().availability()
-        return (False, why) if not ok else ((not grouped_mm_missing()), grouped_mm_missing())
+        if ok and GROUPED_MM is None:
+            return False, (f"torch {torch.__version__} has no grouped_mm (torch.nn.functional.grouped_mm or "
+                           f"torch._grouped_mm)")
+        return ok, why
 
     def run_ffn(self, group: int) -> torch.Tensor:
         I = self.data.problem.I
@@ -169,10 +169,9 @@ class TorchCudaGrouped(TorchCuda):
         eid, perm = torch.sort(ids.reshape(-1))
         tok = perm // A
         offs = torch.cumsum(torch.bincount(eid, minlength=len(ex)), 0, dtype=torch.int32)
-        gmm = getattr(F, "grouped_mm", None) or torch._grouped_mm
-        h = gmm(x[tok], self.w13[ex.start:ex.stop].transpose(-2, -1), offs=offs)          # [S, 2I]
+        h = GROUPED_MM(x[tok], self.w13[ex.start:ex.stop].transpose(-2, -1), offs=offs)          # [S, 2I]
         act = F.silu(h[:, :I]) * h[:, I:]
-        y = gmm(act, self.w_down[ex.start:ex.stop].transpose(-2, -1), offs=offs)          # [S, H]
+        y = GROUPED_MM(act, self.w_down[ex.start:ex.stop].transpose(-2, -1), offs=offs)          # [S, H]
         w = self.topk_weights.reshape(-1)[perm].unsqueeze(1)
         out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
         out.index_add_(0, tok, y.float() * w)

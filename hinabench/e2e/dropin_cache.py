@@ -52,11 +52,3 @@ def append_cache(config) -> DynamicCache:
     cache = DynamicCache(config=config)
     cache.layers = [AppendLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
-
-
-def new_cache(model) -> DynamicCache:
-    """The cache an engine decodes with: appended in place under HiNa attention, transformers' own else."""
-    if model.config._attn_implementation == "hina":
-        return append_cache(model.config)
-    return DynamicCache(config=model.config)
-

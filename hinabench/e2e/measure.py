@@ -78,8 +78,11 @@ def set_engine(model, engine: str, default_impl: str, default_attn: str = "sdpa"
 def new_cache(model):
     """The KV cache a pass decodes with: appended in place under HiNa attention (dropin_cache.py),
     transformers' DynamicCache otherwise."""
-    from . import dropin_cache
-    return dropin_cache.new_cache(model)
+    if model.config._attn_implementation == "hina":
+        from .dropin_cache import append_cache
+        return append_cache(model.config)
+    from transformers import DynamicCache
+    return DynamicCache(config=model.config)
 
 
 # ---- validation --------------------------------------------------------------------------------------

@@ -305,6 +305,12 @@ HINA_VBMI inline void cvt64_lut(const uint8_t* src, const F8Tables& tab, __m512 
 // times the block's scale, rounded to nearest even (64 at a time by the tables above, where the CPU
 // has AVX512_VBMI).
 constexpr float kTwo120 = 1.329227995784916e36f;  // 2^120: the bit move's factor
+inline float f8_bit_move(uint32_t b) {   // e4m3 byte b as fp32 times 2^-120, exactly (subnormals too)
+  const uint32_t bits = ((b & 0x80u) << 24) | ((b & 0x7Fu) << 20);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 void unpack_rows(const int8_t* w, int64_t ldw, const float* s, int64_t lds, int r0, int rows, int K, bf16_t* dst) {
 #if !defined(HINA_EMU_AMX)
   static const bool vbmi = cpu_features().avx512_vbmi;
@@ -342,13 +348,7 @@ void unpack_rows(const int8_t* w, int64_t ldw, const float* s, int64_t lds, int 
       }
       for (; k + 16 <= k1; k += 16) cvt16(k);
 #endif
-      for (; k < k1; ++k) {
-        const uint32_t b = src[k];
-        const uint32_t bits = ((b & 0x80u) << 24) | ((b & 0x7Fu) << 20);
-        float f;
-        std::memcpy(&f, &bits, 4);
-        d[k] = f32_to_bf16(f * sc);
-      }
+      for (; k < k1; ++k) d[k] = f32_to_bf16(f8_bit_move(src[k]) * sc);
     }
   }
 }
@@ -472,37 +472,28 @@ inline bool f8_few(int M, int K) { return M >= kF8FewMinM && M <= kF8FewMaxM && 
 // the t-th unpack (t = 0: 16L + e, t = 1: 16L + 8 + e), in word order
 inline int64_t f8f_elem(int c, int p) { return 64 * int64_t(c >> 1) + 16 * (p >> 2) + 2 * (p & 3) + 8 * (c & 1); }
 size_t amxf8f_packed_bytes(int M, int K, int) { return size_t(K) * M * sizeof(bf16_t); }
-void amxf8f_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int, void* I) {
-  bf16_t* d = static_cast<bf16_t*>(I);
+// d in that layout from at(m, e): token m's element e as bf16
+template <class At>
+void f8f_pack(int M, int K, bf16_t* d, At at) {
   for (int c = 0; c < K / 32; ++c)
     for (int p = 0; p < 16; ++p)
       for (int m = 0; m < M; ++m) {
-        const bf16_t* xr = x + int64_t(rows[m]) * ldx + f8f_elem(c, p);
+        const int64_t e = f8f_elem(c, p);
         bf16_t* o = d + ((int64_t(c) * 16 + p) * M + m) * 2;
-        o[0] = xr[0];
-        o[1] = xr[1];
+        o[0] = at(m, e);
+        o[1] = at(m, e + 1);
       }
 }
+void amxf8f_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int, void* I) {
+  f8f_pack(M, K, static_cast<bf16_t*>(I), [&](int m, int64_t e) { return x[int64_t(rows[m]) * ldx + e]; });
+}
 void amxf8f_pack_act(const float* act, int M, int K, int, void* out) {
-  bf16_t* d = static_cast<bf16_t*>(out);
-  for (int c = 0; c < K / 32; ++c)
-    for (int p = 0; p < 16; ++p)
-      for (int m = 0; m < M; ++m) {
-        const float* ar = act + int64_t(m) * K + f8f_elem(c, p);
-        bf16_t* o = d + ((int64_t(c) * 16 + p) * M + m) * 2;
-        o[0] = f32_to_bf16(ar[0]);
-        o[1] = f32_to_bf16(ar[1]);
-      }
+  f8f_pack(M, K, static_cast<bf16_t*>(out), [&](int m, int64_t e) { return f32_to_bf16(act[int64_t(m) * K + e]); });
 }
 
 // rows [0, rows) of a tile, 64 weights each from src[r] + k, into the two A images (see above)
 inline void f8f_convert_scalar(const uint8_t* const* src, int rows, int64_t k, bf16_t* img0, bf16_t* img1) {
-  auto bf = [](uint8_t b) {   // exact: the bit move and 2^120, as unpack_rows
-    const uint32_t bits = ((b & 0x80u) << 24) | ((b & 0x7Fu) << 20);
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f32_to_bf16(f * kTwo120);
-  };
+  auto bf = [](uint8_t b) { return f32_to_bf16(f8_bit_move(b) * kTwo120); };   // exact
   for (int r = 0; r < rows; ++r)
     for (int w = 0; w < 32; ++w) {
       const int e = 16 * (w >> 3) + (w & 7);
