@@ -371,12 +371,9 @@ def test_a_depth_over_the_memory_budget_is_a_row_not_an_oom(tmp_path):
     assert not any((tmp_path / "ckpt").glob("mixtral*"))
 
 
-@pytest.mark.parametrize("engine", ["vllm", "llamacpp:q8_0", "ipex"])
-def test_peer_engine_rows_from_its_process(tmp_path, monkeypatch, engine):
-    """The harness side of an engine in its own env, with a stand-in env (its interpreter answers as
-    vllm_run.py / llamacpp_run.py / ipex_run.py do): timings become rows; prompt log-probs far from the
-    reference make every row `wrong`, said why; llama.cpp's batch > 1 has no samples: `unsupported`."""
-    import os
+def _stand_in_env(tmp_path, monkeypatch, engine, before=""):
+    """A stand-in env for a peer engine: its interpreter answers as vllm_run.py / llamacpp_run.py /
+    ipex_run.py do (prompt log-probs all 0, fixed timings); `before`: Python run first, with req."""
     import stat
     import sys
     from hinabench.e2e import engines as E
@@ -387,18 +384,54 @@ def test_peer_engine_rows_from_its_process(tmp_path, monkeypatch, engine):
     (env / "hinabench-env.json").write_text(json.dumps({"recipe": {}}))
     fake = env / "bin" / "python"
     fake.write_text(f"""#!{sys.executable}
-import json, sys
+import json, os, signal, sys
 req = json.load(open(sys.argv[2]))
+{before}
 assert sys.argv[1].endswith("{script}")
 assert "{engine}" != "llamacpp:q8_0" or req["gguf"].endswith("model-q8_0.gguf")
 n = len(req["validate_ids"]) - 1
 pts = {{str(b): ({{"ttft_s": [0.5, 0.6], "steps_s": [0.1, 0.11, 0.12] * 2}} if b == 1 or "{engine}" != "llamacpp:q8_0"
               else {{"ttft_s": [], "steps_s": []}}) for b in req["batches"]}}
 json.dump({{"version": "0.32.0-stand-in", "validation": {{"prompt_logprobs": [0.0] * n, "greedy": [1, 2, 3, 4]}},
-           "points": pts}}, open(sys.argv[3], "w"))
+           "points": pts, "extra_bufts": req.get("extra_bufts", True)}}, open(sys.argv[3], "w"))
 """)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("HINABENCH_ENVS", str(tmp_path / "envs"))
+
+
+def test_llamacpp_engine_that_dies_with_sigsegv_runs_again_without_its_extra_buffers(tmp_path, monkeypatch):
+    """llama.cpp's AMX buffer crashes on some AMX CPUs (SIGSEGV in ggml_backend_amx_mul_mat): the
+    harness runs the engine once more with use_extra_bufts off, and every row says so. A second crash,
+    or a crash of another engine, is a `failed` row."""
+    crash = "if req.get('extra_bufts') is not False: os.kill(os.getpid(), signal.SIGSEGV)"
+    _stand_in_env(tmp_path, monkeypatch, "llamacpp:q8_0", before=crash)
+    out = tmp_path / "e2e.csv"
+    r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1", "--prompt", "8", "--gen", "4", "--batch", "1",
+               "--engines", "hf,llamacpp:q8_0", "--rounds", "1", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    rows = [x for x in read_csv(out) if x["backend"] == "llamacpp:q8_0"]
+    assert len(rows) == 2 and all(x["status"] == "wrong" for x in rows)    # timed; the stand-in's log-probs
+    assert all("extra buffer types off" in x["engine_impl"] and "SIGSEGV" in x["note"] for x in rows)
+    assert "extra buffer types off" in r.output
+
+
+def test_vllm_engine_that_dies_with_sigsegv_is_a_failed_row(tmp_path, monkeypatch):
+    _stand_in_env(tmp_path, monkeypatch, "vllm", before="os.kill(os.getpid(), signal.SIGSEGV)")
+    out = tmp_path / "e2e.csv"
+    r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1", "--prompt", "8", "--gen", "4", "--batch", "1",
+               "--engines", "hf,vllm", "--rounds", "1", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    rows = [x for x in read_csv(out) if x["backend"] == "vllm"]
+    assert len(rows) == 2 and all(x["status"] == "failed" and "exited -11" in x["reason"] for x in rows)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp:q8_0", "ipex"])
+def test_peer_engine_rows_from_its_process(tmp_path, monkeypatch, engine):
+    """The harness side of an engine in its own env, with a stand-in env (its interpreter answers as
+    vllm_run.py / llamacpp_run.py / ipex_run.py do): timings become rows; prompt log-probs far from the
+    reference make every row `wrong`, said why; llama.cpp's batch > 1 has no samples: `unsupported`."""
+    import os
+    _stand_in_env(tmp_path, monkeypatch, engine)
     out = tmp_path / "e2e.csv"
     r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1", "--prompt", "8", "--gen", "4", "--batch", "1,2",
                "--engines", f"hf,{engine}", "--rounds", "1", "--out", str(out))

@@ -14,6 +14,13 @@ The KV cache is bf16 (request "kv_cache"), as transformers and vLLM keep it (the
 llama.cpp's default f16: on these synthetic weights f16 flushed small K/V values into its subnormals and
 the BF16 GGUF's prompt log-probs moved 0.068 nats from the fp32 reference (bf16 cache: 0.019, f32:
 0.017; Qwen3-30B-A3B widths, 2 layers; transformers' own bf16 run: 0.034).
+
+Request "extra_bufts": false loads with llama.cpp's extra buffer types off (llama_model_params
+use_extra_bufts, what `llama-cli --no-repack` sets): no AMX or CPU repacking of the weights, each
+matrix product on ggml's plain CPU kernels. The harness asks for it only after the default load died
+with SIGSEGV (run._run_peer): on the AMX Xeon the Q8_0 engine's AMX buffer (attention, router and
+output weights repacked for tiles) crashes in ggml_backend_amx_mul_mat at the first eval (gdb;
+llama.cpp issue 20824, "works fine on another machine", closed without a fix).
 """
 import sys
 import time
@@ -23,6 +30,18 @@ def measure(req: dict, res: dict) -> None:
     import llama_cpp
     import numpy as np
     res["version"] = llama_cpp.__version__
+    if req.get("extra_bufts") is False:
+        import llama_cpp.llama_cpp as capi     # Llama() builds its params from this function
+        default_params = capi.llama_model_default_params
+        if "use_extra_bufts" not in dict(default_params().__class__._fields_):
+            raise RuntimeError(f"llama-cpp-python {llama_cpp.__version__} has no use_extra_bufts")
+
+        def no_extra_bufts():
+            p = default_params()
+            p.use_extra_bufts = False
+            return p
+        capi.llama_model_default_params = no_extra_bufts
+    res["extra_bufts"] = req.get("extra_bufts", True)
     P, G = int(req["prompt"]), int(req["gen"])
     n = int(req["threads"])
     kv_name = req.get("kv_cache", "bf16")

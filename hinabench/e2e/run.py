@@ -9,6 +9,7 @@ engine and batch; `prefill` rows at batch 1 for each --prefill length (Table 4).
 from __future__ import annotations
 
 import gc
+import signal
 import json
 import os
 import subprocess
@@ -284,22 +285,34 @@ def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str, hf_lp: float | No
             env.update(VLLM_CPU_OMP_THREADS_BIND=f"0-{n - 1}", VLLM_CPU_KVCACHE_SPACE="1",
                        VLLM_ENABLE_V1_MULTIPROCESSING="0")
         env.update(envs.recipe_runtime_env(env_name))
-        echo(f"  {engine}: starting in its env ({envs.python(env_name)})")
-        t0 = time.time()
-        c0 = os.times()
-        with LoadMeter() as lm:
-            # cwd: a temporary folder, so the checkout's own packages never shadow the env's
-            proc = subprocess.run([str(envs.python(env_name)), str(Path(__file__).with_name(script)), str(rq), str(rs)],
-                                  env=env, cwd=td, capture_output=True, text=True, timeout=3600)
-        c1 = os.times()   # the engine's own CPU time is not "other processes'" load
-        vllm_cpus = ((c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)) / max(c1.elapsed - c0.elapsed, 1e-6)
-        other_cpus = max(0.0, lm.other_cpus - vllm_cpus)
-        res = json.loads(rs.read_text()) if rs.exists() else {
-            "error": f"{script} exited {proc.returncode}: {(proc.stderr or '').strip().splitlines()[-1:] }"}
-        echo(f"  {engine}: {time.time() - t0:.0f} s" + (f", error: {res['error']}" if "error" in res else ""))
+        def attempt():
+            echo(f"  {engine}: starting in its env ({envs.python(env_name)})"
+                 + (" with its extra buffer types off" if req.get("extra_bufts") is False else ""))
+            t0 = time.time()
+            c0 = os.times()
+            with LoadMeter() as lm:
+                # cwd: a temporary folder, so the checkout's own packages never shadow the env's
+                proc = subprocess.run([str(envs.python(env_name)), str(Path(__file__).with_name(script)), str(rq),
+                                       str(rs)], env=env, cwd=td, capture_output=True, text=True, timeout=3600)
+            c1 = os.times()   # the engine's own CPU time is not "other processes'" load
+            own_cpus = ((c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)) / max(c1.elapsed - c0.elapsed, 1e-6)
+            res = json.loads(rs.read_text()) if rs.exists() else {
+                "error": f"{script} exited {proc.returncode}: {(proc.stderr or '').strip().splitlines()[-1:] }"}
+            echo(f"  {engine}: {time.time() - t0:.0f} s" + (f", error: {res['error']}" if "error" in res else ""))
+            return proc.returncode, res, max(0.0, lm.other_cpus - own_cpus)
+
+        rc, res, other_cpus = attempt()
+        if engine.startswith("llamacpp:") and rc == -signal.SIGSEGV and not rs.exists():
+            # llama.cpp's AMX buffer crashes on some AMX CPUs (llamacpp_run.py): once more without it
+            req["extra_bufts"] = False
+            rq.write_text(json.dumps(req))
+            rc, res, other_cpus = attempt()
+            res["note"] = ("its default load died with SIGSEGV (on the AMX Xeon in ggml_backend_amx_mul_mat at the "
+                           "first eval: llama.cpp issue 20824); measured with its extra buffer types off "
+                           "(use_extra_bufts=false: no AMX or CPU repacking)")
     if "error" in res:
         for r in rows.values():
-            r.update(status="failed", reason=f"{engine}: {res['error']}")
+            r.update(status="failed", reason=f"{engine}: {res['error']}", note=res.get("note"))
         return list(rows.values())
     # validation: the prompt tokens' log-probs against the reference's
     got = torch.tensor(res["validation"]["prompt_logprobs"], dtype=torch.float32)
@@ -322,7 +335,10 @@ def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str, hf_lp: float | No
             versions["transformers"] = res.get("transformers")
             impl = f"ipex.llm.optimize bf16 deployment_mode, transformers {res.get('transformers')}"
         else:
-            impl = f"llama.cpp GGUF {engine.split(':', 1)[1].upper()}, KV cache {res.get('kv_cache', 'f16')}"
+            impl = f"llama.cpp GGUF {engine.split(':', 1)[1].upper()}, KV cache {res.get('kv_cache', 'f16')}" + (
+                ", extra buffer types off" if res.get("extra_bufts") is False else "")
+        if res.get("note"):
+            r["note"] = res["note"]
         r.update(engine_version=json.dumps(versions), versions=json.dumps(versions),
                  engine_impl=impl,
                  rel_err=err, tolerance=tolerance, greedy_match=f"{match}/{len(ref.greedy)}",
