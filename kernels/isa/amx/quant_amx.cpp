@@ -461,6 +461,14 @@ constexpr auto amxf8_down = f8_down<amxf8_mm>;
 // rounded to bf16, so that a tile accumulates over all of K with no per-block step (Qwen3-30B-A3B M = 3 /
 // 4 2.22 / 2.31 ms, rel_err 3.6e-3 against 2.3e-3: the scaling pass per block of rows costs more than
 // the epilogues it saves).
+// Where it stands against INT8 (2026-12-04, same Xeon, Qwen3-30B-A3B T = 3, 2 threads): 2.07-2.13 ms with
+// the weights from DRAM against INT8's 1.52-1.54, 1.45 ms with one group of experts held in the L3
+// against INT8's 0.96. A standalone loop of this step (one thread, W and the images in L1, M = 4)
+// takes 29 ns per 16 x 64 weights for the conversion alone, 11 for the tiles alone, 45 for both as
+// here and 35 with the images converted two steps ahead (four buffers): the conversion's permutes are
+// a floor of ~28 ps a weight, where INT8's whole call costs ~25 from the L3. In the kernel the images
+// two steps ahead (three buffers) measured 0.98-0.99x the time from DRAM and 1.00-1.03x from the L3,
+// and not kept: the time is the stream's plus the conversion's, as for the other kernels here.
 constexpr int kF8FewMaxM = 4;
 #if defined(HINA_EMU_AMX)
 constexpr int kF8FewMinM = 1;   // the emulated build takes the tiles for every M <= 4: the same tests run them
