@@ -359,6 +359,19 @@ def test_gguf_of_the_same_weights(qtype):
     assert list(t.shape) == [64, 32, 8]        # ggml order: ne0 = H, ne1 = I, ne2 = E
     want = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[qtype]
     assert t.tensor_type == want
+    # the routers stay F32 (llama.cpp's converter and llama-quantize keep them so)
+    assert names["blk.0.ffn_gate_inp.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+
+
+def test_gguf_of_an_older_writer_is_written_again():
+    pytest.importorskip("gguf")
+    from hinabench.e2e.gguf_writer import WRITER, write_gguf, writer_version
+    ck = C.checkpoint("tiny-qwen3", 1)
+    path = write_gguf(ck, "q8_0")
+    assert writer_version(path) == WRITER
+    path.write_bytes(b"GGUF but not one")             # a file this writer did not write (or an older one)
+    assert writer_version(path) is None
+    assert write_gguf(ck, "q8_0") == path and writer_version(path) == WRITER
 
 
 def test_a_depth_over_the_memory_budget_is_a_row_not_an_oom(tmp_path):
