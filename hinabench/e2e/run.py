@@ -9,9 +9,9 @@ engine and batch; `prefill` rows at batch 1 for each --prefill length (Table 4).
 from __future__ import annotations
 
 import gc
-import signal
 import json
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -307,9 +307,9 @@ def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str, hf_lp: float | No
             req["extra_bufts"] = False
             rq.write_text(json.dumps(req))
             rc, res, other_cpus = attempt()
-            res["note"] = ("its default load died with SIGSEGV (on the AMX Xeon in ggml_backend_amx_mul_mat at the "
-                           "first eval: llama.cpp issue 20824); measured with its extra buffer types off "
-                           "(use_extra_bufts=false: no AMX or CPU repacking)")
+            res["note"] = ("its default load died with SIGSEGV (seen on the AMX Xeon: llama.cpp's AMX buffer, "
+                           "ggml_backend_amx_mul_mat at the first eval, llama.cpp issue 20824); measured with its "
+                           "extra buffer types off (use_extra_bufts=false: no AMX or CPU repacking)")
     if "error" in res:
         for r in rows.values():
             r.update(status="failed", reason=f"{engine}: {res['error']}", note=res.get("note"))
