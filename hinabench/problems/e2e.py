@@ -60,11 +60,12 @@ class E2EProblem(Problem):
                           d.get("dtype", "bf16"), d.get("seed", 0))
 
     # ---- what one decode step reads, per layer (the roofline's memory term) -----------------------
-    def layer_bytes(self, experts_touched: float, context: int) -> int:
-        """Bytes one decode step reads in one layer: the experts it touches, the router, the attention
-        projections, and the KV cache of `context` tokens for each of the batch's sequences."""
+    def layer_bytes(self, experts_touched: float, context: int, expert_width: float = 2.0) -> int:
+        """Bytes one decode step reads in one layer: the experts it touches (expert_width bytes a weight:
+        bf16, or an INT8 engine's int8 and scales), the router, the attention projections, and the KV
+        cache of `context` tokens for each of the batch's sequences."""
         m, b = self.model, 2
-        experts = experts_touched * m.expert_bytes(b)
+        experts = experts_touched * m.expert_bytes(expert_width)
         shared = 0
         if m.shared_experts:
             from ..e2e.checkpoint import hf_config
