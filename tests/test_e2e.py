@@ -292,6 +292,20 @@ def test_fig13_draws_the_model_with_the_most_batch_sizes(tmp_path):
     assert (tmp_path / "fig13.txt").read_text().startswith("qwen3-30b-a3b")
 
 
+def test_fig13_from_a_folder_of_several_runs_takes_each_engines_newest_row(tmp_path):
+    """Two runs of an engine at the same depth and batch (a results folder): one bar each, the newest
+    (was a ValueError from matplotlib: two shares where it wanted one)."""
+    import pandas as pd
+    from hinabench.e2e import figures as F
+    rows = [dict(op="e2e", model="qwen3-30b-a3b", backend=eng, phase="decode", status="ok", layers=2, batch_size=b,
+                 prompt_tokens=128, median_ms=10.0, mad_ms=0.1, tokens_per_s=t, ffn_share=sh, attn_share=0.1,
+                 timestamp=ts)
+            for ts, t, sh in (("2026-12-04T10:00:00", 50.0, 0.4), ("2026-12-04T12:00:00", 60.0, 0.6))
+            for eng in ("hina", "hf") for b in (1, 4)]
+    F.fig13([], str(tmp_path), frame=pd.DataFrame(rows[::-1]))       # file order not the time order
+    assert (tmp_path / "fig13.png").stat().st_size > 1000
+
+
 def test_per_layer_cost_from_two_depths():
     import pandas as pd
     from hinabench.e2e.figures import ablation, per_layer

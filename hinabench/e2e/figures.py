@@ -167,6 +167,10 @@ def fig13(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     dec = dec[dec["model"] == model]
     depth = int(dec["layers"].max())
     dec = dec[dec["layers"] == depth]
+    # one row per engine and batch: the newest, where a folder holds several runs (a bar or point each)
+    if "timestamp" in dec:
+        dec = dec.sort_values("timestamp", kind="stable")
+    dec = dec.drop_duplicates(["backend", "batch_size"], keep="last").sort_index()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     engines = list(dict.fromkeys(dec["backend"]))
     for i, eng in enumerate(engines):
