@@ -13,9 +13,14 @@ from transformers.integrations.moe import ExpertsInterface
 from hinabench.kernels import moe_ffn
 
 
-def hina_experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    if self.has_bias or not self.has_gate or self.is_transposed or not self.is_concatenated:
+def fused_only(experts):
+    """The layout the kernels read: fused [gate; up] rows, no bias (dropin_int8.py checks the same)."""
+    if experts.has_bias or not experts.has_gate or experts.is_transposed or not experts.is_concatenated:
         raise NotImplementedError("hina experts: fused [gate; up] weights without bias only")
+
+
+def hina_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    fused_only(self)
     x = hidden_states.to(torch.bfloat16)
     out = moe_ffn(x, None, None, self.down_proj, top_k_index, top_k_weights.float(), w13=self.gate_up_proj)
     return out.to(hidden_states.dtype)

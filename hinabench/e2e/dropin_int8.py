@@ -1,8 +1,8 @@
 """INT8 experts for engine `hina+l+a:int8`: the experts quantized once, then the W8A8 kernel; this file is the patch.
 
 Quantization is the framework's offline step (hinabench.quant.quantize_int8: group-wise symmetric int8
-rows, one fp32 scale per row and group of 128 along K, or 64 or 32 where 128 does not divide H or I, the rows in transformers' own [E, 2I, H] and
-[E, H, I] order: nothing repacked). The int8 copies sit beside transformers' bf16 parameters, made at
+rows, one fp32 scale per row and group of 128 along K, or 64 or 32 where 128 does not divide H or I,
+the rows in transformers' own [E, 2I, H] and [E, H, I] order: nothing repacked). The int8 copies sit beside transformers' bf16 parameters, made at
 the first call and kept on the experts module, so the other engines of the same process still read the
 bf16 ones. Each call runs `moe_ffn_quant` (activations quantized per token and group in the gather,
 int32 sums per group). The engine is `hina+l+a` otherwise: the same bytes class as llama.cpp's Q8_0.
@@ -10,13 +10,13 @@ int32 sums per group). The engine is `hina+l+a` otherwise: the same bytes class 
 import torch
 from transformers.integrations.moe import ExpertsInterface
 
+from hinabench.e2e.dropin import fused_only
 from hinabench.kernels import moe_ffn_quant
 from hinabench.quant import quantize_int8
 
 
 def hina_int8_experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    if self.has_bias or not self.has_gate or self.is_transposed or not self.is_concatenated:
-        raise NotImplementedError("hina int8 experts: fused [gate; up] weights without bias only")
+    fused_only(self)
     q = getattr(self, "_hina_int8", None)
     if q is None:
         H, I = self.gate_up_proj.shape[2], self.down_proj.shape[2]

@@ -7,9 +7,9 @@ stacked per layer: ffn_{gate,up}_exps [E, I, H], ffn_down_exps [E, H, I] (numpy 
 reversed). 1-D tensors (norms, biases) stay F32, and so do the routers (ffn_gate_inp), in both types,
 as llama.cpp's converter writes them and llama-quantize leaves them ("do not quantize expert gating
 tensors"): a Q8_0 router flipped expert choices of Mixtral-8x7B's 2-layer model on the AMX Xeon (prompt
-log-probs 0.449 nats from the reference, 0.031 at 1 layer; 2026-12-04). The vocabulary is the checkpoint's (`<0> ... <V-1>`)
-as a plain token list: the engine is given token ids, never text. Written beside the safetensors,
-once per type.
+log-probs 0.449 nats from the reference, 0.031 at 1 layer; 2026-12-04). The vocabulary is the
+checkpoint's (`<0> ... <V-1>`) as a plain token list: the engine is given token ids, never text.
+Written beside the safetensors, once per type.
 """
 from __future__ import annotations
 

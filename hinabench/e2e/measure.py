@@ -33,13 +33,13 @@ LOGIT_TOLERANCE = 0.03       # relative L2 of the prompt logits against transfor
 # the INT8 engine's: its experts' weights and activations rounded to int8 per group (the scheme's own error,
 # ~1% per product, hinabench.quant), beside the bf16 rounding above
 LOGIT_TOLERANCE_INT8 = 0.08
+VALIDATE_TOKENS = 32
+GREEDY_STEPS = 4
 
 
 def logit_tolerance(engine: str) -> float:
     from .engines import INT8
     return LOGIT_TOLERANCE_INT8 if engine in INT8 else LOGIT_TOLERANCE
-VALIDATE_TOKENS = 32
-GREEDY_STEPS = 4
 
 
 def moe_blocks(model):
@@ -247,7 +247,7 @@ def validate(model, ref: Reference, tolerance: float = LOGIT_TOLERANCE) -> dict:
             break
         match += 1
     return {"rel_err": err, "argmax_agree": agree, "greedy_match": f"{match}/{len(ref.greedy)}",
-            "logprob_err": lp_err, "ok": err <= tolerance}
+            "logprob_err": lp_err, "tolerance": tolerance, "ok": err <= tolerance}
 
 
 def prompt_logprobs(ref: Reference, logits: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ import torch
 from ..errors import UserError
 from ..harness.loadmeter import LoadMeter
 from ..harness.stats import summarize, unstable
+from ..models import get_model
 from ..problems.e2e import E2EProblem
 from . import engines as E
 from . import measure as M
@@ -93,7 +93,9 @@ def run_e2e(cfg: E2EConfig, store, echo=print) -> list[dict]:
     for model in cfg.models:
         for layers in cfg.layers:
             need = checkpoint_bytes(hf_config(model, layers)) + (512 << 20)
-            int8 = _int8_expert_bytes(hf_config(model, layers)) if set(cfg.engines) & set(E.INT8) else 0
+            m = get_model(model)
+            int8 = max((layers * m.routed_experts * m.expert_bytes(_expert_width(e)) for e in cfg.engines
+                        if e in E.INT8), default=0)   # the INT8 engine's copies, beside the bf16 weights
             need += int8
             if need > cfg.mem_budget:   # a row per engine and point, and nothing written
                 why = (f"{model} with {layers} layers needs {need / 2**30:.1f} GiB in memory (bf16 weights + "
@@ -160,7 +162,7 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
         valid[eng] = M.validate(model, ref, M.logit_tolerance(eng))
         v = valid[eng]
         echo(f"  {eng} ({impl[eng]}): logits rel_err {v['rel_err']:.2e} vs {ref.what} (tolerance "
-             f"{M.logit_tolerance(eng)}), prompt log-probs max delta {v['logprob_err']:.3g} nats, argmax agree "
+             f"{v['tolerance']}), prompt log-probs max delta {v['logprob_err']:.3g} nats, argmax agree "
              f"{v['argmax_agree']:.2f}, greedy {v['greedy_match']}")
         if eng == "hf":
             hf_err = v["rel_err"]
@@ -170,12 +172,12 @@ def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict
             v = valid[eng]
             r.update(engine_impl=impl[eng],
                      engine_version=_versions(eng), versions=_versions(eng),
-                     rel_err=v["rel_err"], tolerance=M.logit_tolerance(eng), greedy_match=v["greedy_match"],
+                     rel_err=v["rel_err"], tolerance=v["tolerance"], greedy_match=v["greedy_match"],
                      validation=f"teacher-forced logits of {ref.ids.shape[1]} tokens vs {ref.what}; argmax agree "
                                 f"{v['argmax_agree']:.2f} (random weights: near-uniform logits, argmax fragile)",
                      logit_rel_err_hf=hf_err, logprob_err=v["logprob_err"], router_margin=ref.router_margin,
                      status="ok" if v["ok"] else "wrong",
-                     reason=None if v["ok"] else ref.why_wrong(f"logits rel_err {v['rel_err']:.3g} > {M.logit_tolerance(eng)}"),
+                     reason=None if v["ok"] else ref.why_wrong(f"logits rel_err {v['rel_err']:.3g} > {v['tolerance']}"),
                      warmup=1)
             rows[(eng, p)] = r
     samples: dict[tuple, list] = {k: [] for k in rows}
@@ -261,13 +263,6 @@ def _expert_width(engine: str) -> float:
     """Bytes an engine's experts read a weight: bf16, or int8 plus an fp32 scale per group (E.INT8)."""
     from ..quant import INT8_DEFAULT_GROUP
     return 1 + 4 / INT8_DEFAULT_GROUP if engine in E.INT8 else 2.0
-
-
-def _int8_expert_bytes(cfg: dict) -> int:
-    """What the INT8 engine's expert copies take (dropin_int8.py: int8 rows + an fp32 scale per 128)."""
-    from .checkpoint import tensor_shapes
-    return int(sum(math.prod(shape) * _expert_width(E.INT8[0]) for ts in tensor_shapes(cfg).values()
-                   for name, shape, _ in ts if ".experts." in name))
 
 
 def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str, hf_lp: float | None = None) -> list[dict]:
