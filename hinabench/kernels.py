@@ -2,6 +2,7 @@
 
     out = moe_ffn(x, w_gate, w_up, w_down, topk_ids, topk_weights, isa="auto", threads=None)
     out = moe_ffn(x, None, None, w_down, topk_ids, topk_weights, w13=w13)      # fused gate/up
+    moe = moe_ffn_prepare(w_gate, w_up, w_down); out = moe(x, topk_ids, topk_weights)   # weights checked once
 
     out[t] = sum_s topk_weights[t, s] * W_down[e] . (SiLU(W_gate[e] . x[t]) * (W_up[e] . x[t])),
              e = topk_ids[t, s]
@@ -196,6 +197,7 @@ def _check_tokens(x: torch.Tensor, K: int, name: str) -> int:
 
 
 # ---- NUMA mode (Section 5): the plan arrays come from hinabench.numa.kernel_plan ----------------------
+from .numa import kernel_plan as _kernel_plan  # noqa: E402
 from .numa.kernel_plan import NUMA_MODES  # noqa: E402  (re-exported: the modes moe_ffn accepts)
 
 
@@ -222,6 +224,61 @@ def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | N
             threads: int | None = None, numa: str = "auto", numa_nodes: int | None = None,
             numa_page: str | None = None) -> torch.Tensor:
     """The HiNa-MoE expert FFN; see the module docstring for arguments, shapes and errors."""
+    return moe_ffn_prepare(w_gate, w_up, w_down, w13=w13, isa=isa, numa=numa, numa_nodes=numa_nodes,
+                           numa_page=numa_page)(x, topk_ids, topk_weights, threads=threads)
+
+
+class _Prepared:
+    """Weights checked and laid out once, then called often: PreparedMoe, PreparedLinear."""
+
+    def __init__(self, weights):
+        self.weights = tuple(weights)   # the tensors it reads (kept alive)
+        self._ptrs = tuple(w.data_ptr() for w in self.weights)
+
+    def reads(self, *weights) -> bool:
+        """Whether it was made from these very tensors (the same objects, at the same addresses)."""
+        return (len(weights) == len(self.weights) and all(a is b for a, b in zip(weights, self.weights))
+                and tuple(w.data_ptr() for w in weights) == self._ptrs)
+
+
+class PreparedMoe(_Prepared):
+    """The weights' half of a moe_ffn call, checked and laid out once (moe_ffn_prepare,
+    moe_ffn_quant_prepare): what a framework keeps per MoE layer. Calling it with x, topk_ids and
+    topk_weights runs the operator after the tokens' checks only: at a decode step the Python side of
+    the full call costs ~0.4 ms with its caches cold (after a layer's weights streamed through them; the
+    AMX Xeon, Qwen3-30B-A3B's shapes), against the kernel's ~2.8. The weights must keep their shapes;
+    their contents may change."""
+
+    def __init__(self, mod, call, E: int, H: int, weights: tuple, numa_info: dict, keep: tuple = ()):
+        super().__init__(weights)
+        self._mod, self._call, self.E, self.H = mod, call, E, H
+        self._keep = keep        # arrays the call points at (the NUMA plan)
+        self._numa = numa_info   # what numa_last_call() reports after each call
+
+    def __call__(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
+                 threads: int | None = None) -> torch.Tensor:
+        H = self.H
+        T = _check_tokens(x, H, "H")
+        k = _check_routing(topk_ids, topk_weights, T)
+        out = torch.empty(T, H, dtype=torch.bfloat16)
+        if T == 0:
+            return out
+        threads = torch.get_num_threads() if threads is None else threads
+        if not (int(threads) >= 1):
+            raise ValueError(f"threads must be >= 1 (got {threads})")
+        ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
+        _kernel_plan.record(self._numa)
+        # raises ValueError for an expert id outside [0, E), int64 ids checked before they are narrowed
+        self._mod.moe_ffn_tokens(self._call, x.data_ptr(), T, x.stride(0) if T > 1 else H, ids.data_ptr(),
+                                 ids.dtype == torch.int64, k, tw.data_ptr(), out.data_ptr(), int(threads))
+        return out
+
+
+def moe_ffn_prepare(w_gate: torch.Tensor | None, w_up: torch.Tensor | None, w_down: torch.Tensor, *,
+                    w13: torch.Tensor | None = None, isa: str = "auto", numa: str = "auto",
+                    numa_nodes: int | None = None, numa_page: str | None = None) -> PreparedMoe:
+    """moe_ffn's weights checked and laid out once: moe_ffn(x, w..., ids, tw) is
+    moe_ffn_prepare(w...)(x, ids, tw). The NUMA plan is made here, from where the pages are now."""
     isa = resolve_isa(isa)
     # ---- weights: shapes and strides only; never a copy ------------------------------------------
     if w13 is not None:
@@ -244,48 +301,24 @@ def moe_ffn(x: torch.Tensor, w_gate: torch.Tensor | None, w_up: torch.Tensor | N
     if not (H % SHAPE_MULTIPLE == 0 and I % SHAPE_MULTIPLE == 0):
         raise ValueError(f"H={H} and I={I} must be multiples of {SHAPE_MULTIPLE} (the AMX tile's k_r = 32; "
                          "this kernel has no tail code for other shapes)")
-    # ---- activations and routing -------------------------------------------------------------------
-    T = _check_tokens(x, H, "H")
-    k = _check_routing(topk_ids, topk_weights, T)
-    out = torch.empty(T, H, dtype=torch.bfloat16)
-    if T == 0:
-        return out
-    lo, hi = int(topk_ids.min()), int(topk_ids.max())   # before the int32 cast: 2**32 + 1 must not become 1
-    if lo < 0 or hi >= E:
-        raise ValueError(f"topk_ids holds expert {lo if lo < 0 else hi}, outside [0, {E})")
-    ids = topk_ids.to(torch.int32).contiguous()  # T*k integers: the only copies made
-    tw = topk_weights.contiguous()
-    if threads is None:
-        threads = torch.get_num_threads()
-    if not (int(threads) >= 1):
-        raise ValueError(f"threads must be >= 1 (got {threads})")
-    ldx = x.stride(0) if T > 1 else H
     mod = _MODULES.get(isa) or _MODULES.setdefault(isa, _module(isa))
-    from .numa import kernel_plan
-    setup = None if numa == "off" else kernel_plan.setup(numa, numa_nodes, numa_page, (w_gate, w_up, w_down))
+    setup = None if numa == "off" else _kernel_plan.setup(numa, numa_nodes, numa_page, (w_gate, w_up, w_down))
     # the C++ entry point takes one argument struct (kernels/ops/moe_ffn.h: MoeCall)
-    call = mod.MoeCall(x=x.data_ptr(), T=T, H=H, I=I, ldx=ldx,
-                       w_gate=w_gate.data_ptr(), gate_es=w_gate.stride(0), gate_rs=w_gate.stride(1),
+    call = mod.MoeCall(H=H, I=I, w_gate=w_gate.data_ptr(), gate_es=w_gate.stride(0), gate_rs=w_gate.stride(1),
                        w_up=w_up.data_ptr(), up_es=w_up.stride(0), up_rs=w_up.stride(1),
                        w_down=w_down.data_ptr(), down_es=w_down.stride(0), down_rs=w_down.stride(1),
-                       E=E, topk_ids=ids.data_ptr(), k=k, topk_weights=tw.data_ptr(),
-                       out=out.data_ptr(), isa=isa, threads=int(threads))
+                       E=E, isa=isa)
+    weights = (w13, w_down) if w13 is not None else (w_gate, w_up, w_down)
     if setup is None:
         if numa not in NUMA_MODES:
             raise ValueError(f"numa must be one of {', '.join(NUMA_MODES)} (got {numa!r})")
-        kernel_plan.record({"mode": "off"})
-        mod.moe_ffn(call)  # raises ValueError for an expert id outside [0, E)
-        return out
-    nodes, (mat_plan, hdr, seg_off, segs), cpus, info = setup
-    kernel_plan.record(info)
+        return PreparedMoe(mod, call, E, H, weights, {"mode": "off"})
+    nodes, arrays, cpus, info = setup
     if info.get("plain"):  # one node: nothing to partition, the plain tasks (kernel_plan.setup)
-        mod.moe_ffn(call)
-        return out
+        return PreparedMoe(mod, call, E, H, weights, info)
     call.numa_nodes, call.node_cpus = nodes, cpus
-    call.mat_plan, call.plan_hdr = mat_plan.data_ptr(), hdr.data_ptr()
-    call.seg_off, call.segs = seg_off.data_ptr(), segs.data_ptr()
-    mod.moe_ffn(call)
-    return out
+    call.mat_plan, call.plan_hdr, call.seg_off, call.segs = (a.data_ptr() for a in arrays)
+    return PreparedMoe(mod, call, E, H, weights, info, keep=arrays)
 
 
 _QUANT_CODES = {"int8": 1, "fp8": 2}
@@ -340,6 +373,11 @@ def moe_ffn_quant(x: torch.Tensor, w13, w_down, topk_ids: torch.Tensor, topk_wei
     the kernel). x, topk_ids, topk_weights, isa, threads as in moe_ffn. Returns [T, H] bf16.
     ValueError for bad input (wrong dtype, scale shapes that do not match the group, a group that does
     not divide H or I, ...)."""
+    return moe_ffn_quant_prepare(w13, w_down, isa=isa)(x, topk_ids, topk_weights, threads=threads)
+
+
+def moe_ffn_quant_prepare(w13, w_down, *, isa: str = "auto") -> PreparedMoe:
+    """moe_ffn_quant's weights checked and laid out once (PreparedMoe)."""
     from .quant import QuantWeight
     isa = resolve_isa(isa)
     if not isinstance(w13, QuantWeight):
@@ -364,34 +402,17 @@ def moe_ffn_quant(x: torch.Tensor, w13, w_down, topk_ids: torch.Tensor, topk_wei
         _check_quant("w_down", w_down, scheme, (E, H, I), group)
         raise ValueError(f"w_down's group ({w_down.group}) differs from w13's ({group})")
     _check_quant("w_down", w_down, scheme, (E, H, I), group)
-    T = _check_tokens(x, H, "H")
-    k = _check_routing(topk_ids, topk_weights, T)
-    out = torch.empty(T, H, dtype=torch.bfloat16)
-    if T == 0:
-        return out
-    lo, hi = int(topk_ids.min()), int(topk_ids.max())
-    if lo < 0 or hi >= E:
-        raise ValueError(f"topk_ids holds expert {lo if lo < 0 else hi}, outside [0, {E})")
-    ids = topk_ids.to(torch.int32).contiguous()
-    tw = topk_weights.contiguous()
-    threads = torch.get_num_threads() if threads is None else int(threads)
-    if threads < 1:
-        raise ValueError(f"threads must be >= 1 (got {threads})")
     gate, up = w13.rows(0, I), w13.rows(I, 2 * I)
     mod = _MODULES.get(isa) or _MODULES.setdefault(isa, _module(isa))
     q, s = (gate.q, up.q, w_down.q), (gate.scale, up.scale, w_down.scale)
-    call = mod.MoeCall(x=x.data_ptr(), T=T, H=H, I=I, ldx=x.stride(0) if T > 1 else H,
-                       w_gate=q[0].data_ptr(), gate_es=q[0].stride(0), gate_rs=q[0].stride(1),
+    call = mod.MoeCall(H=H, I=I, w_gate=q[0].data_ptr(), gate_es=q[0].stride(0), gate_rs=q[0].stride(1),
                        w_up=q[1].data_ptr(), up_es=q[1].stride(0), up_rs=q[1].stride(1),
                        w_down=q[2].data_ptr(), down_es=q[2].stride(0), down_rs=q[2].stride(1),
-                       E=E, topk_ids=ids.data_ptr(), k=k, topk_weights=tw.data_ptr(),
-                       out=out.data_ptr(), isa=isa, threads=threads,
-                       dtype=_QUANT_CODES[scheme], group=group,
+                       E=E, isa=isa, dtype=_QUANT_CODES[scheme], group=group,
                        s_gate=s[0].data_ptr(), s_gate_es=s[0].stride(0), s_gate_rs=s[0].stride(1),
                        s_up=s[1].data_ptr(), s_up_es=s[1].stride(0), s_up_rs=s[1].stride(1),
                        s_down=s[2].data_ptr(), s_down_es=s[2].stride(0), s_down_rs=s[2].stride(1))
-    mod.moe_ffn(call)
-    return out
+    return PreparedMoe(mod, call, E, H, (w13.q, w13.scale, w_down.q, w_down.scale), {"mode": "off"})
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, *, isa: str = "auto", threads: int | None = None) -> torch.Tensor:
@@ -409,6 +430,36 @@ def linear_group(x: torch.Tensor, ws, *, isa: str = "auto", threads: int | None 
     q, k and v; a dense MLP's gate and up) share one pack of x and one task list, so the small ones
     pay neither their own parallel region nor their own tail. Each W_i as `linear` takes it, in place;
     the same K for all. Each result is what `linear(x, W_i)` returns, bit for bit."""
+    return linear_prepare(ws, isa=isa)(x, threads=threads)
+
+
+class PreparedLinear(_Prepared):
+    """linear_group's weights checked once (linear_prepare): calling it with x runs the group after
+    x's checks only (what a framework keeps per projection; see PreparedMoe)."""
+
+    def __init__(self, mod, isa: str, weights: list, K: int):
+        super().__init__(weights)
+        self._mod, self._isa, self.K = mod, isa, K
+        self._N = [int(w.shape[0]) for w in weights]
+        self._ldw = [w.stride(0) if N > 1 else K for w, N in zip(weights, self._N)]
+
+    def __call__(self, x: torch.Tensor, *, threads: int | None = None) -> list[torch.Tensor]:
+        K = self.K
+        T = _check_tokens(x, K, "K")
+        outs = [torch.empty(T, N, dtype=torch.bfloat16) for N in self._N]
+        if T == 0:
+            return outs
+        threads = torch.get_num_threads() if threads is None else int(threads)
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1 (got {threads})")
+        self._mod.linear(x=x.data_ptr(), T=T, K=K, ldx=x.stride(0) if T > 1 else K, w=list(self._ptrs), N=self._N,
+                         ldw=self._ldw, out=[o.data_ptr() for o in outs], isa=self._isa, threads=threads)
+        return outs
+
+
+def linear_prepare(ws, *, isa: str = "auto") -> PreparedLinear:
+    """linear_group's weight matrices checked and laid out once: linear_group(x, ws) is
+    linear_prepare(ws)(x)."""
     isa = resolve_isa(isa)
     ws = list(ws)
     if not ws:
@@ -428,19 +479,8 @@ def linear_group(x: torch.Tensor, ws, *, isa: str = "auto", threads: int | None 
         if shapes and K != shapes[0][1]:
             raise ValueError(f"every matrix of a group must have the same K (got {shapes[0][1]} and {K})")
         shapes.append((N, K))
-    K = shapes[0][1]
-    T = _check_tokens(x, K, "K")
-    outs = [torch.empty(T, N, dtype=torch.bfloat16) for N, _ in shapes]
-    if T == 0:
-        return outs
-    threads = torch.get_num_threads() if threads is None else int(threads)
-    if threads < 1:
-        raise ValueError(f"threads must be >= 1 (got {threads})")
     mod = _MODULES.get(isa) or _MODULES.setdefault(isa, _module(isa))
-    mod.linear(x=x.data_ptr(), T=T, K=K, ldx=x.stride(0) if T > 1 else K, w=[w.data_ptr() for w in ws],
-               N=[N for N, _ in shapes], ldw=[w.stride(0) if N > 1 else K for w, (N, _) in zip(ws, shapes)],
-               out=[o.data_ptr() for o in outs], isa=isa, threads=threads)
-    return outs
+    return PreparedLinear(mod, isa, ws, shapes[0][1])
 
 
 def scratch_bytes(isa: str = "auto") -> int:

@@ -23,9 +23,11 @@ without an attention micro-kernel here (scalar and avx2 today).
 """
 from __future__ import annotations
 
+import array
 import functools
 import itertools
 import math
+import os
 
 import torch
 
@@ -42,7 +44,6 @@ def attention_isas(isa: str = "avx2") -> list[str]:
 
 def resolve_attention_isa(isa: str = "auto") -> str:
     """`auto`: the first usable real ISA that has an attention micro-kernel (avx2, else scalar)."""
-    import os
     if isa == "auto":
         isa = os.environ.get("HINA_ATTN_ISA", "").strip() or "auto"
     return _resolve_attention(isa)
@@ -159,14 +160,16 @@ def _plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ql: lis
     if threads < 1:
         raise ValueError(f"threads must be >= 1 (got {threads})")
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    lens = torch.tensor([0, *itertools.accumulate(ql), *kl], dtype=torch.int32)   # q_start [B+1], kv_len [B]
+    # q_start [B+1], kv_len [B] as int32 (a Python array: no torch op; a decode step's layers each pay it)
+    lens = array.array("i", [0, *itertools.accumulate(ql), *kl])
+    lens_ptr = lens.buffer_info()[0]
     out = torch.empty(T, h_q, d, dtype=torch.bfloat16)
     fn = functools.partial(
         _module(isa).attention, q=q.data_ptr(), q_ts=q.stride(0), q_hs=q.stride(1), out=out.data_ptr(),
         o_ts=out.stride(0), o_hs=out.stride(1), k=k_cache.data_ptr(), v=v_cache.data_ptr(), k_strides=list(ks),
         v_strides=list(vs), block_table=bt_ptr, bt_stride=bt_stride, block_size=block_size,
-        num_blocks=num_blocks, B=B, h_q=h_q, h_kv=h_kv, d=d, q_start=lens.data_ptr(),
-        kv_len=lens.data_ptr() + 4 * (B + 1), sm_scale=scale, kv_splits=int(kv_splits), isa=isa, threads=threads)
+        num_blocks=num_blocks, B=B, h_q=h_q, h_kv=h_kv, d=d, q_start=lens_ptr,
+        kv_len=lens_ptr + 4 * (B + 1), sm_scale=scale, kv_splits=int(kv_splits), isa=isa, threads=threads)
     return AttentionPlan(fn, out, (q, k_cache, v_cache, bt if block_table is not None else None, lens))
 
 

@@ -94,6 +94,39 @@ void register_moe(py::module_& m) {
       "that many nodes with the flat plans (int32 mat_plan [3E], int64 plan_hdr [P,4] = T_x, phase "
       "bytes, page bytes, seg_off base; int32 seg_off, int32 segs [S,3]); node_cpus[j]: CPUs to bind "
       "node j's threads to (empty: no binding). Raises ValueError for bad input.");
+  // The weights' fields of `call` are set once by the caller (hinabench.kernels.moe_ffn_prepare); each
+  // call brings the tokens' own. int64 ids (what torch.topk returns) are range-checked and narrowed
+  // here, in one pass, so the caller runs no torch op on them.
+  m.def(
+      "moe_ffn_tokens",
+      [](const MoeCall& weights, uintptr_t x, int64_t T, int64_t ldx, uintptr_t topk_ids, bool ids_int64,
+         int64_t k, uintptr_t topk_weights, uintptr_t out, int threads) {
+        MoeCall c = weights;
+        c.x = reinterpret_cast<const bf16_t*>(x);
+        c.T = T; c.ldx = ldx; c.k = k; c.threads = threads;
+        c.topk_weights = reinterpret_cast<const float*>(topk_weights);
+        c.out = reinterpret_cast<bf16_t*>(out);
+        std::vector<int32_t> narrowed;
+        if (ids_int64) {
+          const int64_t* ids = reinterpret_cast<const int64_t*>(topk_ids);
+          narrowed.resize(size_t(T * k));
+          for (int64_t i = 0; i < T * k; ++i) {
+            if (ids[i] < 0 || ids[i] >= c.E)
+              throw std::invalid_argument("topk_ids holds expert " + std::to_string(ids[i]) + ", outside [0, " +
+                                          std::to_string(c.E) + ")");
+            narrowed[size_t(i)] = int32_t(ids[i]);
+          }
+          c.topk_ids = narrowed.data();
+        } else {
+          c.topk_ids = reinterpret_cast<const int32_t*>(topk_ids);   // range-checked by the operator
+        }
+        py::gil_scoped_release release;
+        moe_ffn(c);
+      },
+      py::arg("weights"), py::arg("x"), py::arg("T"), py::arg("ldx"), py::arg("topk_ids"), py::arg("ids_int64"),
+      py::arg("k"), py::arg("topk_weights"), py::arg("out"), py::arg("threads"),
+      "moe_ffn with the weights' fields of `weights` (a MoeCall) and the tokens' given here (validated by "
+      "hinabench.kernels.PreparedMoe): topk_ids [T,k] int64 (ids_int64) or int32, contiguous.");
   m.def("moe_numa_debug", [](bool on) { numa_stats().enabled = on; }, py::arg("enabled"),
         "Testing: count, per node, the weight bytes the partitioned kernel reads and check coverage.");
   m.def("moe_numa_stats", [] {

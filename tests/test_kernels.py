@@ -223,6 +223,30 @@ def test_hina_isa_env_and_auto(monkeypatch):
     assert kernels.resolve_isa("auto") in RUNNABLE
 
 
+def test_prepared_weights_serve_any_tokens_as_the_full_call_does():
+    """moe_ffn_prepare checks and lays out the weights once (what a framework keeps per layer); each
+    call then brings its tokens: bit-identical to moe_ffn, int32 or int64 ids, the tokens' errors the
+    same, and reads() tells whether it was made from these tensors."""
+    d = small()
+    isa = RUNNABLE[0] if "avx2" not in RUNNABLE else "avx2"
+    moe = kernels.moe_ffn_prepare(None, None, d.w_down, w13=d.w13, isa=isa)
+    for g, x in ((0, d.x), (0, d.x[:1]), (0, d.x.flip(0).contiguous())):
+        ids, w = d.topk_ids[g][: x.shape[0]], d.topk_weights[: x.shape[0]]
+        want = moe_ffn(x, None, None, d.w_down, ids, w, w13=d.w13, isa=isa)
+        assert torch.equal(moe(x, ids.long(), w), want) and torch.equal(moe(x, ids.int(), w), want)
+    assert moe(d.x[:0], d.topk_ids[0][:0], d.topk_weights[:0]).shape == (0, d.x.shape[1])
+    wraps = d.topk_ids[0].long()
+    wraps[1, 0] = 2**32 + 1
+    with pytest.raises(ValueError, match=r"expert 4294967297, outside \[0, 3\)"):
+        moe(d.x, wraps, d.topk_weights)
+    with pytest.raises(ValueError, match=r"outside \[0, 3\)"):
+        moe(d.x, d.topk_ids[0].int() - 1, d.topk_weights)
+    with pytest.raises(ValueError, match="float32"):
+        moe(d.x, d.topk_ids[0], d.topk_weights.double())
+    assert moe.reads(d.w13, d.w_down) and not moe.reads(d.w13.clone(), d.w_down)
+    assert not moe.reads(d.w_down, d.w13)
+
+
 # ---- bad input: clear Python errors ----------------------------------------------------------------------
 def test_bad_input_raises_value_error():
     d = small()

@@ -10,7 +10,7 @@ the kernel (no copy, no repack). The router, the shared expert and attention sta
 import torch
 from transformers.integrations.moe import ExpertsInterface
 
-from hinabench.kernels import moe_ffn
+from hinabench.kernels import moe_ffn_prepare
 
 
 def fused_only(experts):
@@ -20,9 +20,11 @@ def fused_only(experts):
 
 
 def hina_experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    fused_only(self)
-    x = hidden_states.to(torch.bfloat16)
-    out = moe_ffn(x, None, None, self.down_proj, top_k_index, top_k_weights.float(), w13=self.gate_up_proj)
+    moe = self.__dict__.get("_hina")   # the weights checked once, redone if transformers' tensors change
+    if moe is None or not moe.reads(self.gate_up_proj, self.down_proj):
+        fused_only(self)
+        moe = self._hina = moe_ffn_prepare(None, None, self.down_proj, w13=self.gate_up_proj)
+    out = moe(hidden_states.to(torch.bfloat16), top_k_index, top_k_weights.float())
     return out.to(hidden_states.dtype)
 
 

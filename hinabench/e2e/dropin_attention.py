@@ -23,8 +23,7 @@ def hina_attention_forward(module, query, key, value, attention_mask, dropout=0.
             or (window is not None and L > window) or d % 16 or kwargs.get("softcap")):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
-    seq_lens = torch.full((B,), L, dtype=torch.int32)
-    out = decode_attention(query[:, :, 0], key, value, seq_lens, sm_scale=scaling)   # [B, h_q, d]
+    out = decode_attention(query[:, :, 0], key, value, [L] * B, sm_scale=scaling)   # [B, h_q, d]
     return out.unsqueeze(1), None                                                     # [B, 1, h_q, d]
 
 

@@ -11,18 +11,19 @@ import torch
 from transformers.integrations.moe import ExpertsInterface
 
 from hinabench.e2e.dropin import fused_only
-from hinabench.kernels import moe_ffn_quant
+from hinabench.kernels import moe_ffn_quant_prepare
 from hinabench.quant import quantize_int8
 
 
 def hina_int8_experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    fused_only(self)
-    q = getattr(self, "_hina_int8", None)
-    if q is None:
+    moe = self.__dict__.get("_hina_int8")
+    if moe is None:
+        fused_only(self)
         H, I = self.gate_up_proj.shape[2], self.down_proj.shape[2]
         g = next(g for g in (128, 64, 32) if H % g == 0 and I % g == 0)
-        q = self._hina_int8 = (quantize_int8(self.gate_up_proj.data, g), quantize_int8(self.down_proj.data, g))
-    out = moe_ffn_quant(hidden_states.to(torch.bfloat16), q[0], q[1], top_k_index, top_k_weights.float())
+        w13, w_down = quantize_int8(self.gate_up_proj.data, g), quantize_int8(self.down_proj.data, g)
+        moe = self._hina_int8 = moe_ffn_quant_prepare(w13, w_down)   # keeps the int8 copies
+    out = moe(hidden_states.to(torch.bfloat16), top_k_index, top_k_weights.float())
     return out.to(hidden_states.dtype)
 
 

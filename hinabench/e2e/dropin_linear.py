@@ -20,7 +20,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from hinabench.kernels import linear, linear_group
+from hinabench.kernels import linear_prepare
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -30,18 +30,26 @@ def _fits(x, w) -> bool:
     return x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and K % 32 == 0 and N % 32 == 0
 
 
-def _hina_linear(x, weight, bias=None):
+def _prepared(holder, weights):
+    """The weights checked once (kernels.linear_prepare), kept on `holder`; made again if they change."""
+    p = holder.__dict__.get("_hina")
+    if p is None or not p.reads(*weights):
+        p = holder._hina = linear_prepare(weights)
+    return p
+
+
+def _hina_linear(x, weight, bias=None, holder=None):
     if not _fits(x, weight):
         return F.linear(x, weight, bias)
     K, N = weight.shape[1], weight.shape[0]
-    y = linear(x.reshape(-1, K).contiguous(), weight)
+    y = _prepared(holder, [weight])(x.reshape(-1, K).contiguous())[0]
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], N)
 
 
 def hina_linear_forward(self, x):
-    return _hina_linear(x, self.weight, self.bias)
+    return _hina_linear(x, self.weight, self.bias, self)
 
 
 def _version(x):
@@ -61,7 +69,7 @@ class _Siblings:
         if not _fits(x, mod.weight):
             return F.linear(x, mod.weight, mod.bias)
         K = mod.in_features
-        ys = linear_group(x.reshape(-1, K).contiguous(), [m.weight for m in self.mods])
+        ys = _prepared(self, [m.weight for m in self.mods])(x.reshape(-1, K).contiguous())
         out = {}
         for m, y in zip(self.mods, ys):
             if m.bias is not None:
@@ -83,8 +91,10 @@ def _sibling_groups(model):
 
 
 class _HinaFunctional:
-    """torch.nn.functional as a router's forward sees it, with `linear` on the HiNa kernel."""
-    linear = staticmethod(_hina_linear)
+    """torch.nn.functional as one router's forward sees it, with `linear` on the HiNa kernel."""
+
+    def linear(self, x, weight, bias=None):
+        return _hina_linear(x, weight, bias, self)
 
     def __getattr__(self, name):
         return getattr(F, name)
