@@ -229,6 +229,7 @@ def checkpoint(model: str, layers: int, seed: int = 0, root: Path | None = None,
         {"model": m.name, "layers": int(layers), "seed": int(seed), "hash": h, "writer": WRITER_VERSION,
          "bytes": need, "source": m.source}, indent=1))
     (tmp / ".complete").write_text(h + "\n")
+    os.sync()   # the GBs written reach the disk now, not in the kernel's writeback under the samples that follow
     os.replace(tmp, path)
     return ck
 

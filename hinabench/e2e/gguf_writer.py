@@ -14,6 +14,7 @@ Written beside the safetensors, once per type.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -160,5 +161,6 @@ def write_gguf(ck, qtype: str = "bf16", echo=None) -> Path:
     except OSError as e:          # a full disk, mostly: no half-written file is left to look like a GGUF
         Path(str(path) + ".partial").unlink(missing_ok=True)
         raise UserError(f"could not write {path.name}: {e}") from e
+    os.sync()   # as checkpoint(): the write reaches the disk before any engine is timed
     Path(str(path) + ".partial").rename(path)
     return path
