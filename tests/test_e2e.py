@@ -510,6 +510,25 @@ def test_peer_engine_rows_from_its_process(tmp_path, monkeypatch, engine):
     assert os.environ.get("HINABENCH_ENVS") == str(tmp_path / "envs")
 
 
+def test_in_process_rounds_come_in_two_passes_around_the_peers(tmp_path, monkeypatch):
+    """With a peer and >= 2 rounds, the in-process engines run half their rounds before the peer's and
+    half after (the machine drifts over minutes): rows carry every round's samples, validated once."""
+    _stand_in_env(tmp_path, monkeypatch, "vllm", before="print('PEER RAN', flush=True)")
+    out = tmp_path / "e2e.csv"
+    r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1", "--prompt", "8", "--gen", "4", "--batch", "1",
+               "--engines", "hf,hina,vllm", "--rounds", "3", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    text = r.output
+    assert text.count("round 3 hf B=1") == 1 and text.count("logits rel_err") == 2   # hf, hina: validated once
+    assert text.index("round 2 hina B=1") < text.index("vllm: ") < text.index("rounds 3-3 after the other engines'")
+    assert text.index("rounds 3-3 after") < text.index("round 3 hina B=1")
+    rows = read_csv(out)
+    dec = [x for x in rows if x["backend"] in ("hf", "hina") and x["phase"] == "decode"]
+    assert len(dec) == 2 and all(int(x["samples"]) == 3 * 3 and x["status"] == "ok" for x in dec)   # 3 rounds x 3 steps
+    assert all(x["ffn_share"] not in ("", None) for x in dec)
+    assert {x["backend"] for x in rows} == {"hf", "hina", "vllm"}
+
+
 def test_router_near_tie_is_found_and_worded():
     """The reference records its prompt's closest router decision; under NEAR_TIE a mismatch says so."""
     import torch

@@ -1,8 +1,9 @@
 """`hinabench e2e`: every engine on one checkpoint per depth, validated, then timed, rows stored.
 
 Per (model, depth): the checkpoint (written once), the fp32 reference, then the in-process engines
-(hf, hina: one transformers model, interleaved rounds), then the engines in their own processes (vllm, llamacpp)
-once the in-process model is freed, then rows for engines that cannot run here (status + reason).
+(hf, hina: one transformers model, interleaved rounds), the engines in their own processes (vllm, llamacpp)
+once the in-process model is freed, then the in-process engines' other half of the rounds (with peers
+and >= 2 rounds: see _InProcess), then rows for engines that cannot run here (status + reason).
 Rows: one `prefill` row (TTFT) and one `decode` row (TPOT, tokens/s, FFN and attention shares) per
 engine and batch; `prefill` rows at batch 1 for each --prefill length (Table 4).
 """
@@ -132,131 +133,164 @@ def run_e2e(cfg: E2EConfig, store, echo=print) -> list[dict]:
                     r.update(status=st, reason=why)
                     emit(r)
             inproc = [e for e in runnable if e in E.IN_PROCESS]
+            peers = [e for e in runnable if e in E.PEERS]
             if runnable:
                 ref = M.reference(ck, val_ids, cfg.mem_budget, echo)
-            if inproc:
-                rows_ip = _run_in_process(cfg, ck, ref, inproc, problems, table4, echo)
-                for r in rows_ip:
-                    emit(r)
+            # the in-process rounds in two passes around the peers' when both run and there are >= 2 rounds
+            first = (cfg.rounds + 1) // 2 if inproc and peers and cfg.rounds > 1 else cfg.rounds
+            ip = _InProcess(cfg, ck, ref, inproc, problems, table4, echo) if inproc else None
+            if ip:
+                ip.run(range(first), last=first == cfg.rounds)
             gc.collect()
-            hf_lp = next((r["logprob_err"] for r in rows_ip if r["backend"] == "hf"), None) if inproc else None
-            for eng in runnable:
-                if eng in E.PEERS:
-                    for r in _run_peer(cfg, ck, ref, problems, echo, envs, eng, hf_lp):
-                        emit(r)
+            for eng in peers:
+                for r in _run_peer(cfg, ck, ref, problems, echo, envs, eng, ip.hf_logprob_err if ip else None):
+                    emit(r)
+            if ip:
+                if first < cfg.rounds:
+                    ip.run(range(first, cfg.rounds), last=True)
+                for r in ip.finish():
+                    emit(r)
     return rows
 
 
-def _run_in_process(cfg, ck, ref, engines_, problems, table4, echo) -> list[dict]:
-    echo(f"  loading {ck.path.name} in transformers (bf16)")
-    model = M.load(ck.path)
-    default_impl = model.config._experts_implementation
-    default_attn = model.config._attn_implementation
-    V = ck.config["vocab_size"]
-    rows: dict[tuple, dict] = {}
-    valid: dict[str, dict] = {}
-    impl: dict[str, str] = {}
-    hf_err = None
-    for eng in engines_:
-        impl[eng] = M.set_engine(model, eng, default_impl, default_attn)
-        valid[eng] = M.validate(model, ref, M.logit_tolerance(eng))
-        v = valid[eng]
-        echo(f"  {eng} ({impl[eng]}): logits rel_err {v['rel_err']:.2e} vs {ref.what} (tolerance "
-             f"{v['tolerance']}), prompt log-probs max delta {v['logprob_err']:.3g} nats, argmax agree "
-             f"{v['argmax_agree']:.2f}, greedy {v['greedy_match']}")
-        if eng == "hf":
-            hf_err = v["rel_err"]
-    for eng in engines_:
-        for p in problems + table4:
-            r = _base(p, eng, cfg, ck)
+class _InProcess:
+    """The in-process engines (hf, hina...) on one transformers model: validated once, then timed in
+    rounds that may come in two passes, before and after the peers' (run_e2e), so that a drift of the
+    machine over the minutes the peers take (the read probe moved 30 -> 35 GB/s within a run here) falls
+    on both sides of a comparison. Each pass loads the model and frees it before the peers load theirs."""
+
+    def __init__(self, cfg, ck, ref, engines_, problems, table4, echo):
+        self.cfg, self.ck, self.ref, self.engines, self.echo = cfg, ck, ref, engines_, echo
+        self.problems, self.table4 = problems, table4
+        self.rows: dict[tuple, dict] = {}
+        self.samples: dict[tuple, list] = {}
+        self.ttfts: dict[tuple, list] = {}
+        self.probes: dict[str, list] = {e: [] for e in engines_}
+        self.loads: dict[str, list] = {e: [] for e in engines_}
+        self.shares: dict[tuple, dict] = {}
+        self.hf_logprob_err = None
+
+    def _load(self):
+        self.echo(f"  loading {self.ck.path.name} in transformers (bf16)")
+        model = M.load(self.ck.path)
+        return model, model.config._experts_implementation, model.config._attn_implementation
+
+    def _validate(self, model, default_impl, default_attn) -> None:
+        cfg, ref = self.cfg, self.ref
+        valid: dict[str, dict] = {}
+        impl: dict[str, str] = {}
+        hf_err = None
+        for eng in self.engines:
+            impl[eng] = M.set_engine(model, eng, default_impl, default_attn)
+            valid[eng] = M.validate(model, ref, M.logit_tolerance(eng))
             v = valid[eng]
-            r.update(engine_impl=impl[eng],
-                     engine_version=_versions(eng), versions=_versions(eng),
-                     rel_err=v["rel_err"], tolerance=v["tolerance"], greedy_match=v["greedy_match"],
-                     validation=f"teacher-forced logits of {ref.ids.shape[1]} tokens vs {ref.what}; argmax agree "
-                                f"{v['argmax_agree']:.2f} (random weights: near-uniform logits, argmax fragile)",
-                     logit_rel_err_hf=hf_err, logprob_err=v["logprob_err"], router_margin=ref.router_margin,
-                     status="ok" if v["ok"] else "wrong",
-                     reason=None if v["ok"] else ref.why_wrong(f"logits rel_err {v['rel_err']:.3g} > {v['tolerance']}"),
-                     warmup=1)
-            rows[(eng, p)] = r
-    samples: dict[tuple, list] = {k: [] for k in rows}
-    ttfts: dict[tuple, list] = {k: [] for k in rows}
-    probes: dict[str, list] = {e: [] for e in engines_}
-    loads: dict[str, list] = {e: [] for e in engines_}
-    # warm-up: one short generate per engine (first-call allocations, the kernel's module load)
-    for eng in engines_:
-        M.set_engine(model, eng, default_impl, default_attn)
-        M.generate_timed(model, prompt_ids(V, 1, 8, 7), 3)
-    for rnd in range(cfg.rounds):
-        for b in cfg.batches:
-            ids = prompt_ids(V, b, cfg.prompt, cfg.seed + 100 + b)
-            for eng in engines_:
-                M.set_engine(model, eng, default_impl, default_attn)
-                probes[eng].append(M.read_probe(model, cfg.threads))
-                with LoadMeter() as lm:
-                    ttft, steps = M.generate_timed(model, ids, cfg.gen)
-                loads[eng].append(lm.other_cpus)
-                pp = next(p for p in problems if p.phase == "prefill" and p.batch == b)
-                pd = next(p for p in problems if p.phase == "decode" and p.batch == b)
-                samples[(eng, pp)].append(ttft)
-                samples[(eng, pd)] += steps
-                ttfts[(eng, pd)].append(ttft)
-                echo(f"  round {rnd + 1} {eng} B={b}: TTFT {ttft * 1e3:.0f} ms, TPOT median "
-                     f"{sorted(steps)[len(steps) // 2] * 1e3:.1f} ms" if steps else "")
-        for p in table4:
-            ids = prompt_ids(V, 1, p.prompt, cfg.seed + 200)
-            for eng in cfg.prefill_engines:
-                if eng not in engines_:
-                    continue
-                M.set_engine(model, eng, default_impl, default_attn)
-                with LoadMeter() as lm:
-                    t = M.prefill_timed(model, ids)
-                loads[eng].append(lm.other_cpus)
-                samples[(eng, p)].append(t)
-                echo(f"  round {rnd + 1} {eng} prefill P={p.prompt}: {t * 1e3:.0f} ms ({p.prompt / t:.0f} tok/s)")
-    # FFN and attention shares of a decode step (a pass with timers of its own)
-    shares = {}
-    for b in cfg.batches:
-        ids = prompt_ids(V, b, cfg.prompt, cfg.seed + 100 + b)
+            self.echo(f"  {eng} ({impl[eng]}): logits rel_err {v['rel_err']:.2e} vs {ref.what} (tolerance "
+                      f"{v['tolerance']}), prompt log-probs max delta {v['logprob_err']:.3g} nats, argmax agree "
+                      f"{v['argmax_agree']:.2f}, greedy {v['greedy_match']}")
+            if eng == "hf":
+                hf_err, self.hf_logprob_err = v["rel_err"], v["logprob_err"]
+        for eng in self.engines:
+            for p in self.problems + self.table4:
+                r = _base(p, eng, cfg, self.ck)
+                v = valid[eng]
+                r.update(engine_impl=impl[eng],
+                         engine_version=_versions(eng), versions=_versions(eng),
+                         rel_err=v["rel_err"], tolerance=v["tolerance"], greedy_match=v["greedy_match"],
+                         validation=f"teacher-forced logits of {ref.ids.shape[1]} tokens vs {ref.what}; argmax "
+                                    f"agree {v['argmax_agree']:.2f} (random weights: near-uniform logits, argmax fragile)",
+                         logit_rel_err_hf=hf_err, logprob_err=v["logprob_err"], router_margin=ref.router_margin,
+                         status="ok" if v["ok"] else "wrong",
+                         reason=None if v["ok"] else ref.why_wrong(f"logits rel_err {v['rel_err']:.3g} > {v['tolerance']}"),
+                         warmup=1)
+                self.rows[(eng, p)] = r
+                self.samples[(eng, p)], self.ttfts[(eng, p)] = [], []
+
+    def run(self, rounds: range, last: bool) -> None:
+        """One pass: load (and, the first time, validate), warm up, time `rounds`; the shares pass if
+        `last`; free the model."""
+        cfg, echo, engines_, problems = self.cfg, self.echo, self.engines, self.problems
+        model, default_impl, default_attn = self._load()
+        V = self.ck.config["vocab_size"]
+        if not self.rows:
+            self._validate(model, default_impl, default_attn)
+        elif rounds:
+            echo(f"  rounds {rounds.start + 1}-{rounds.stop} after the other engines' (the machine may have moved)")
+        # warm-up: one short generate per engine (first-call allocations, the kernel's module load)
         for eng in engines_:
             M.set_engine(model, eng, default_impl, default_attn)
-            shares[(eng, b)] = M.decode_shares(model, ids, steps=min(16, max(cfg.gen - 1, 1)))
-    out = []
-    for (eng, p), r in rows.items():
-        if p in table4 and eng not in cfg.prefill_engines:
-            continue
-        s = samples[(eng, p)]
-        tokens = p.batch * (p.prompt if p.phase == "prefill" else 1)
-        _fill_timing(r, s, tokens)
-        gb = [g for g, _ in probes[eng]]
-        if gb:
-            r.update(read_gbps=max(gb), read_gbps_min=min(gb), read_probe=probes[eng][0][1])
-        if loads[eng]:
-            r["load_other_cpus"] = round(max(loads[eng]), 2)
-            if max(loads[eng]) > 0.3:
-                r["load_warning"] = f"other processes used {max(loads[eng]):.2f} CPUs during the samples"
-        if p.phase == "decode":
-            sh = shares[(eng, p.batch)]
-            touched = sh["experts_touched"]
-            context = p.prompt + p.gen // 2
-            lb = p.layer_bytes(touched, context, _expert_width(eng))
-            r.update(ffn_ms=sh["ffn_ms"], attn_ms=sh["attn_ms"], ffn_share=sh["ffn_share"], attn_share=sh["attn_share"],
-                     experts_touched=touched, layer_bytes=lb, step_bytes=p.layers * lb + p.head_bytes(),
-                     weight_bytes=p.layers * lb + p.head_bytes(), tpot_ms=r.get("median_ms"))
-            if ttfts[(eng, p)]:
-                r["ttft_ms"] = summarize(ttfts[(eng, p)])["median_ms"]
-            if r.get("read_gbps") and r.get("median_ms"):
-                r["roofline_ms"] = r["step_bytes"] / (r["read_gbps"] * 1e9) * 1e3
-                r["gbps"] = r["step_bytes"] / (r["median_ms"] / 1e3) / 1e9
-                r["pct_bw"] = 100 * r["gbps"] / r["read_gbps"]
-                r["bound"] = "memory"
-        else:
-            r["ttft_ms"] = r.get("median_ms")
-        out.append(r)
-    del model
-    gc.collect()
-    return out
+            M.generate_timed(model, prompt_ids(V, 1, 8, 7), 3)
+        for rnd in rounds:
+            for b in cfg.batches:
+                ids = prompt_ids(V, b, cfg.prompt, cfg.seed + 100 + b)
+                for eng in engines_:
+                    M.set_engine(model, eng, default_impl, default_attn)
+                    self.probes[eng].append(M.read_probe(model, cfg.threads))
+                    with LoadMeter() as lm:
+                        ttft, steps = M.generate_timed(model, ids, cfg.gen)
+                    self.loads[eng].append(lm.other_cpus)
+                    pp = next(p for p in problems if p.phase == "prefill" and p.batch == b)
+                    pd = next(p for p in problems if p.phase == "decode" and p.batch == b)
+                    self.samples[(eng, pp)].append(ttft)
+                    self.samples[(eng, pd)] += steps
+                    self.ttfts[(eng, pd)].append(ttft)
+                    echo(f"  round {rnd + 1} {eng} B={b}: TTFT {ttft * 1e3:.0f} ms, TPOT median "
+                         f"{sorted(steps)[len(steps) // 2] * 1e3:.1f} ms" if steps else "")
+            for p in self.table4:
+                ids = prompt_ids(V, 1, p.prompt, cfg.seed + 200)
+                for eng in cfg.prefill_engines:
+                    if eng not in engines_:
+                        continue
+                    M.set_engine(model, eng, default_impl, default_attn)
+                    with LoadMeter() as lm:
+                        t = M.prefill_timed(model, ids)
+                    self.loads[eng].append(lm.other_cpus)
+                    self.samples[(eng, p)].append(t)
+                    echo(f"  round {rnd + 1} {eng} prefill P={p.prompt}: {t * 1e3:.0f} ms ({p.prompt / t:.0f} tok/s)")
+        if last:   # FFN and attention shares of a decode step (a pass with timers of its own)
+            for b in cfg.batches:
+                ids = prompt_ids(V, b, cfg.prompt, cfg.seed + 100 + b)
+                for eng in engines_:
+                    M.set_engine(model, eng, default_impl, default_attn)
+                    self.shares[(eng, b)] = M.decode_shares(model, ids, steps=min(16, max(cfg.gen - 1, 1)))
+        del model
+        gc.collect()
+
+    def finish(self) -> list[dict]:
+        """The rows, from every pass's samples."""
+        cfg, probes, loads = self.cfg, self.probes, self.loads
+        out = []
+        for (eng, p), r in self.rows.items():
+            if p in self.table4 and eng not in cfg.prefill_engines:
+                continue
+            s = self.samples[(eng, p)]
+            tokens = p.batch * (p.prompt if p.phase == "prefill" else 1)
+            _fill_timing(r, s, tokens)
+            gb = [g for g, _ in probes[eng]]
+            if gb:
+                r.update(read_gbps=max(gb), read_gbps_min=min(gb), read_probe=probes[eng][0][1])
+            if loads[eng]:
+                r["load_other_cpus"] = round(max(loads[eng]), 2)
+                if max(loads[eng]) > 0.3:
+                    r["load_warning"] = f"other processes used {max(loads[eng]):.2f} CPUs during the samples"
+            if p.phase == "decode":
+                sh = self.shares[(eng, p.batch)]
+                touched = sh["experts_touched"]
+                context = p.prompt + p.gen // 2
+                lb = p.layer_bytes(touched, context, _expert_width(eng))
+                r.update(ffn_ms=sh["ffn_ms"], attn_ms=sh["attn_ms"], ffn_share=sh["ffn_share"], attn_share=sh["attn_share"],
+                         experts_touched=touched, layer_bytes=lb, step_bytes=p.layers * lb + p.head_bytes(),
+                         weight_bytes=p.layers * lb + p.head_bytes(), tpot_ms=r.get("median_ms"))
+                if self.ttfts[(eng, p)]:
+                    r["ttft_ms"] = summarize(self.ttfts[(eng, p)])["median_ms"]
+                if r.get("read_gbps") and r.get("median_ms"):
+                    r["roofline_ms"] = r["step_bytes"] / (r["read_gbps"] * 1e9) * 1e3
+                    r["gbps"] = r["step_bytes"] / (r["median_ms"] / 1e3) / 1e9
+                    r["pct_bw"] = 100 * r["gbps"] / r["read_gbps"]
+                    r["bound"] = "memory"
+            else:
+                r["ttft_ms"] = r.get("median_ms")
+            out.append(r)
+        return out
 
 
 def _expert_width(engine: str) -> float:
