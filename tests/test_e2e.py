@@ -262,6 +262,9 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
         assert all(0 < float(x["ffn_share"]) < 1 and float(x["tokens_per_s"]) > 0 for x in dec)
         assert all(x["command"].startswith("hinabench e2e") and x["checkpoint_hash"] for x in by[eng])
         assert {int(x["prompt_tokens"]) for x in by[eng] if x["phase"] == "prefill"} == ({8, 16} if eng in ("hina", "hf") else {8})
+        # where a step goes: transformers' RMSNorms and routers for all, the HiNa kernels' calls for hina's
+        assert all(float(x["norm_ms"]) > 0 and float(x["router_ms"]) > 0 for x in dec)
+        assert all((float(x["kernel_ms"]) > 0) if eng != "hf" else x["kernel_ms"] == "" for x in dec)
     int8, bf16 = (float(next(x for x in by[e] if x["phase"] == "decode")["layer_bytes"]) for e in ("hina+l+a:int8", "hina"))
     assert int8 < bf16 and float(by["hina+l+a:int8"][0]["tolerance"]) == 0.08      # its experts' bytes; its tolerance
     assert all(x["status"] == "ok" and float(x["rel_err"]) < 0.03 for x in by["hina+l"])
@@ -281,6 +284,7 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
     assert "| tiny-qwen3 | hina | 1 | 1,2 |" in r.output and "hina >= 1.5x hf per layer" in r.output
     assert "hina+l+a:int8 per layer against llamacpp:q8_0 (same bytes class; no target): n/a" in r.output
     assert "hina+l+a:int8 >=" not in r.output                  # the BF16 engine's targets are not its own
+    assert "### Where a decode step goes" in r.output and "| tiny-qwen3 | 2 | hina+l | 1 |" in r.output
 
 
 def test_fig13_draws_the_model_with_the_most_batch_sizes(tmp_path):

@@ -446,8 +446,32 @@ def tables(df) -> str:
             h, o = layer(m, eng), layer(m, "llamacpp:q8_0")
             out.append(f"- {m}: {eng} per layer against llamacpp:q8_0 (same bytes class; no target): "
                        + (f"{o / h:.2f}x ({h:.2f} vs {o:.2f} ms)" if h is not None and o is not None else "n/a"))
+    out += where_a_step_goes(dec)
     t4 = table4_rows(df)
     t4 = t4[t4["status"] == "ok"] if len(t4) else t4
     if len(t4):
         out += ["", "### Prefill throughput (tokens/s, batch 1; Table 4)", "", table4_markdown(t4)]
     return "\n".join(out)
+
+
+def where_a_step_goes(dec) -> list[str]:
+    """Per in-process decode row that has them: ms per step and per layer in the HiNa kernels' calls,
+    the experts and attention blocks, transformers' RMSNorms and routers (decode_shares' pass)."""
+    if "norm_ms" not in dec or not dec["norm_ms"].notna().any():
+        return []
+    out = ["", "### Where a decode step goes (in-process engines; ms per step / per layer, from a pass with timers)", "",
+           "| model | layers | engine | B | step (timed) | HiNa kernels | experts block | attention block | RMSNorms | routers |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for _, r in dec[dec["norm_ms"].notna()].iterrows():
+        L = int(r["layers"])
+        def c(k):
+            try:
+                v = float(r.get(k))
+            except (TypeError, ValueError):
+                return ""
+            return "" if v != v else f"{v:.2f} / {v / L:.2f}"
+        out.append(f"| {r['model']} | {L} | {r['backend']} | {int(r['batch_size'])} | {r['median_ms']:.1f} | "
+                   f"{c('kernel_ms')} | {c('ffn_ms')} | {c('attn_ms')} | {c('norm_ms')} | {c('router_ms')} |")
+    out += ["", "(the kernels' calls lie inside the blocks, and Qwen3's q/k norms inside attention; the "
+            "kernels' column holds the LM head's call too, once per step)"]
+    return out

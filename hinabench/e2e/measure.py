@@ -294,14 +294,37 @@ def prefill_timed(model, ids: torch.Tensor) -> float:
 class BlockTimes:
     ffn: float = 0.0
     attn: float = 0.0
+    norm: float = 0.0
+    router: float = 0.0
+    kernels: float = 0.0
+    kernel_calls: int = 0
     touched: list[int] = field(default_factory=list)
+
+
+def _norms_and_routers(model):
+    """(every RMSNorm module, every MoE router) of the model: transformers' own small blocks."""
+    norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+    routers = []
+    for layer in model.model.layers:
+        moe = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+        if moe is not None and getattr(moe, "gate", None) is not None:
+            routers.append(moe.gate)
+    return norms, routers
+
+
+# the HiNa kernels' native entry points (hinabench.kernels' modules), timed as one bucket
+KERNEL_ENTRIES = ("moe_ffn", "moe_ffn_tokens", "linear", "attention")
 
 
 @contextmanager
 def block_timers(model):
-    """Timers around every experts module and attention module (forward pre/post hooks); also the
-    number of distinct experts each experts call touches."""
+    """Timers around every experts module, attention module, RMSNorm module and MoE router (forward
+    pre/post hooks) and around every call into the HiNa kernels' native modules; also the number of
+    distinct experts each experts call touches. Attention's time includes its q/k norms (Qwen3), so
+    `norm` and `attn` overlap there; the kernels' time lies inside the blocks'."""
+    from ..kernels import _LOADED
     experts, attn = moe_blocks(model)
+    norms, routers = _norms_and_routers(model)
     bt = BlockTimes()
     start = {}
     hooks = []
@@ -316,26 +339,40 @@ def block_timers(model):
     def post(kind):
         def f(mod, args, out):
             dt = time.perf_counter() - start.pop(id(mod), time.perf_counter())
-            if kind == "ffn":
-                bt.ffn += dt
-            else:
-                bt.attn += dt
+            setattr(bt, kind, getattr(bt, kind) + dt)
         return f
 
-    for kind, mods in (("ffn", experts), ("attn", attn)):
+    for kind, mods in (("ffn", experts), ("attn", attn), ("norm", norms), ("router", routers)):
         for mod in mods:
             hooks.append(mod.register_forward_pre_hook(pre(kind)))
             hooks.append(mod.register_forward_hook(post(kind)))
+
+    def timed(fn):
+        def call(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                bt.kernels += time.perf_counter() - t0
+                bt.kernel_calls += 1
+        return call
+    wrapped = [(mod, name, getattr(mod, name)) for mod in list(_LOADED.values()) for name in KERNEL_ENTRIES
+               if hasattr(mod, name)]
+    for mod, name, fn in wrapped:
+        setattr(mod, name, timed(fn))
     try:
         yield bt
     finally:
         for h in hooks:
             h.remove()
+        for mod, name, fn in wrapped:
+            setattr(mod, name, fn)
 
 
 @torch.inference_mode()
 def decode_shares(model, ids: torch.Tensor, steps: int = 16) -> dict:
-    """Per decode step: ms in the experts, ms in attention, the step's ms, distinct experts touched
+    """Per decode step: ms in the experts, in attention, in the RMSNorms, in the routers, in the HiNa
+    kernels (None where the engine made no call into them), the step's ms, distinct experts touched
     per layer (a pass of its own, with timers; not the timed one)."""
     cache = new_cache(model)
     out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -348,6 +385,8 @@ def decode_shares(model, ids: torch.Tensor, steps: int = 16) -> dict:
         total = time.perf_counter() - t0
     return {"ffn_ms": bt.ffn / steps * 1e3, "attn_ms": bt.attn / steps * 1e3, "step_ms": total / steps * 1e3,
             "ffn_share": bt.ffn / total, "attn_share": bt.attn / total,
+            "norm_ms": bt.norm / steps * 1e3, "router_ms": bt.router / steps * 1e3,
+            "kernel_ms": bt.kernels / steps * 1e3 if bt.kernel_calls else None,
             "experts_touched": sum(bt.touched) / max(len(bt.touched), 1)}
 
 

@@ -278,6 +278,7 @@ class _InProcess:
                 context = p.prompt + p.gen // 2
                 lb = p.layer_bytes(touched, context, _expert_width(eng))
                 r.update(ffn_ms=sh["ffn_ms"], attn_ms=sh["attn_ms"], ffn_share=sh["ffn_share"], attn_share=sh["attn_share"],
+                         norm_ms=sh["norm_ms"], router_ms=sh["router_ms"], kernel_ms=sh["kernel_ms"],
                          experts_touched=touched, layer_bytes=lb, step_bytes=p.layers * lb + p.head_bytes(),
                          weight_bytes=p.layers * lb + p.head_bytes(), tpot_ms=r.get("median_ms"))
                 if self.ttfts[(eng, p)]:

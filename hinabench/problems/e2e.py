@@ -25,6 +25,7 @@ class E2EProblem(Problem):
         "full_layers", "checkpoint_hash", "engine_impl", "engine_version",
         "tokens_per_s", "tpot_ms", "ttft_ms",                 # the decode row carries its prefill's TTFT too
         "ffn_ms", "attn_ms", "ffn_share", "attn_share",       # per decode step, timers around the blocks
+        "norm_ms", "router_ms", "kernel_ms",                  # ... the RMSNorms, the routers, the HiNa kernels' calls
         "experts_touched", "layer_bytes", "step_bytes",       # what one decode step must read
         "validation", "logit_rel_err_hf", "greedy_match",
         "logprob_err", "logprob_err_hf",                     # max |delta log-prob| of the prompt, nats
