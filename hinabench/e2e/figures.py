@@ -460,8 +460,8 @@ def where_a_step_goes(dec) -> list[str]:
     if "norm_ms" not in dec or not dec["norm_ms"].notna().any():
         return []
     out = ["", "### Where a decode step goes (in-process engines; ms per step / per layer, from a pass with timers)", "",
-           "| model | layers | engine | B | step (timed) | HiNa kernels | experts block | attention block | RMSNorms | routers |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| model | layers | engine | B | step (timed) | step (this pass) | HiNa kernels | experts block | attention block | RMSNorms | routers |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in dec[dec["norm_ms"].notna()].iterrows():
         L = int(r["layers"])
         def c(k):
@@ -470,8 +470,12 @@ def where_a_step_goes(dec) -> list[str]:
             except (TypeError, ValueError):
                 return ""
             return "" if v != v else f"{v:.2f} / {v / L:.2f}"
+        try:   # the pass's own step, with its timers: the experts' ms over their share of it
+            step = f"{float(r['ffn_ms']) / float(r['ffn_share']):.1f}"
+        except (TypeError, ValueError, ZeroDivisionError):
+            step = ""
         out.append(f"| {r['model']} | {L} | {r['backend']} | {int(r['batch_size'])} | {r['median_ms']:.1f} | "
-                   f"{c('kernel_ms')} | {c('ffn_ms')} | {c('attn_ms')} | {c('norm_ms')} | {c('router_ms')} |")
+                   f"{step} | {c('kernel_ms')} | {c('ffn_ms')} | {c('attn_ms')} | {c('norm_ms')} | {c('router_ms')} |")
     out += ["", "(the kernels' calls lie inside the blocks, and Qwen3's q/k norms inside attention; the "
             "kernels' column holds the LM head's call too, once per step)"]
     return out
