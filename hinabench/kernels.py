@@ -196,6 +196,14 @@ def _check_tokens(x: torch.Tensor, K: int, name: str) -> int:
     return int(x.shape[0])
 
 
+def _threads(threads) -> int:
+    """A call's OpenMP threads: torch's count when None; fewer than 1 is refused."""
+    n = torch.get_num_threads() if threads is None else int(threads)
+    if n < 1:
+        raise ValueError(f"threads must be >= 1 (got {threads})")
+    return n
+
+
 # ---- NUMA mode (Section 5): the plan arrays come from hinabench.numa.kernel_plan ----------------------
 from .numa import kernel_plan as _kernel_plan  # noqa: E402
 from .numa.kernel_plan import NUMA_MODES  # noqa: E402  (re-exported: the modes moe_ffn accepts)
@@ -263,14 +271,12 @@ class PreparedMoe(_Prepared):
         out = torch.empty(T, H, dtype=torch.bfloat16)
         if T == 0:
             return out
-        threads = torch.get_num_threads() if threads is None else threads
-        if not (int(threads) >= 1):
-            raise ValueError(f"threads must be >= 1 (got {threads})")
+        threads = _threads(threads)
         ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
         _kernel_plan.record(self._numa)
         # raises ValueError for an expert id outside [0, E), int64 ids checked before they are narrowed
         self._mod.moe_ffn_tokens(self._call, x.data_ptr(), T, x.stride(0) if T > 1 else H, ids.data_ptr(),
-                                 ids.dtype == torch.int64, k, tw.data_ptr(), out.data_ptr(), int(threads))
+                                 ids.dtype == torch.int64, k, tw.data_ptr(), out.data_ptr(), threads)
         return out
 
 
@@ -449,9 +455,7 @@ class PreparedLinear(_Prepared):
         outs = [torch.empty(T, N, dtype=torch.bfloat16) for N in self._N]
         if T == 0:
             return outs
-        threads = torch.get_num_threads() if threads is None else int(threads)
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1 (got {threads})")
+        threads = _threads(threads)
         self._mod.linear(x=x.data_ptr(), T=T, K=K, ldx=x.stride(0) if T > 1 else K, w=list(self._ptrs), N=self._N,
                          ldw=self._ldw, out=[o.data_ptr() for o in outs], isa=self._isa, threads=threads)
         return outs

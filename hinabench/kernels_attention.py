@@ -31,7 +31,7 @@ import os
 
 import torch
 
-from .kernels import ISAS_REAL, IsaUnavailable, _module, isa_status, isa_variant
+from .kernels import ISAS_REAL, IsaUnavailable, _module, _threads, isa_status, isa_variant
 
 HEAD_DIM_MULTIPLE = 16
 HEAD_DIM_MAX = 256
@@ -156,9 +156,7 @@ def _plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ql: lis
     if sum(ql) != T:
         raise ValueError(f"q has {T} tokens, the lengths say {sum(ql)}")
     isa = resolve_attention_isa(isa)
-    threads = torch.get_num_threads() if threads is None else int(threads)
-    if threads < 1:
-        raise ValueError(f"threads must be >= 1 (got {threads})")
+    threads = _threads(threads)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     # q_start [B+1], kv_len [B] as int32 (a Python array: no torch op; a decode step's layers each pay it)
     lens = array.array("i", [0, *itertools.accumulate(ql), *kl])

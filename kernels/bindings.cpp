@@ -111,9 +111,7 @@ void register_moe(py::module_& m) {
           const int64_t* ids = reinterpret_cast<const int64_t*>(topk_ids);
           narrowed.resize(size_t(T * k));
           for (int64_t i = 0; i < T * k; ++i) {
-            if (ids[i] < 0 || ids[i] >= c.E)
-              throw std::invalid_argument("topk_ids holds expert " + std::to_string(ids[i]) + ", outside [0, " +
-                                          std::to_string(c.E) + ")");
+            if (ids[i] < 0 || ids[i] >= c.E) throw bad_expert_id(ids[i], c.E);
             narrowed[size_t(i)] = int32_t(ids[i]);
           }
           c.topk_ids = narrowed.data();

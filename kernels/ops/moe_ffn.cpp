@@ -77,8 +77,7 @@ Grouping group_by_expert(const MoeCall& a) {
   g.count.assign(E + 1, 0);
   for (int64_t i = 0; i < T * k; ++i) {
     const int32_t e = a.topk_ids[i];
-    if (e < 0 || e >= E) throw std::invalid_argument("topk_ids holds expert " + std::to_string(e) +
-                                                     ", outside [0, " + std::to_string(E) + ")");
+    if (e < 0 || e >= E) throw bad_expert_id(e, E);
     g.count[e + 1]++;
   }
   g.first.assign(E + 1, 0);

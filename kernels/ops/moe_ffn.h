@@ -13,6 +13,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,13 @@ struct MoeCall {
   const float* s_down = nullptr;
   int64_t s_down_es = 0, s_down_rs = 0;
 };
+
+// The error for an expert id outside [0, E): the operator's check, and the int64 ids' narrowing in
+// the bindings (moe_ffn_tokens).
+inline std::invalid_argument bad_expert_id(int64_t e, int64_t E) {
+  return std::invalid_argument("topk_ids holds expert " + std::to_string(e) + ", outside [0, " +
+                               std::to_string(E) + ")");
+}
 
 // Runs the operator. Throws std::invalid_argument for bad input (shapes, an expert id outside
 // [0, E), an ISA not built or not usable here, missing plan arrays) and whatever a micro-kernel
