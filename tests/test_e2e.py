@@ -588,3 +588,31 @@ def test_reference_picks_a_validation_prompt_without_a_router_near_tie(monkeypat
     monkeypatch.setattr(M, "NEAR_TIE", max(gaps) + 1.0)
     ref = M.reference(ck, cands, 8 << 30, echo=quiet)
     assert ref.ids.equal(cands[0]) and "apart" in ref.near_tie and "every candidate has one" in ref.what
+
+
+def test_peer_targets_over_several_runs_take_the_median_of_each_runs_ratio():
+    """A folder of runs: each run's per-layer costs come from its own two depths, and the verdict over
+    the runs is on the median of their ratios (a single run's ratio moves by more than the margin)."""
+    import pandas as pd
+    from hinabench.e2e.figures import per_layer_by_run, run_ratios, tables
+    rows = []
+    for i, (hina, vllm) in enumerate(((5.0, 5.5), (5.0, 6.5), (4.0, 5.2))):   # ratios 1.10, 1.30, 1.30
+        for eng, per in (("hina+l+a", hina), ("vllm", vllm)):
+            for L in (2, 4):
+                rows.append(dict(op="e2e", model="qwen3-30b-a3b", backend=eng, phase="decode", status="ok", layers=L,
+                                 batch_size=1, prompt_tokens=128, median_ms=30.0 + per * L, mad_ms=0.5, full_layers=48,
+                                 tokens_per_s=20.0, ffn_share=0.3, attn_share=0.2, rel_err=0.01, layer_bytes=114e6,
+                                 read_gbps=30.0,
+                                 run_id=f"20261204T10000{i}-1", timestamp=f"2026-12-04T10:00:0{i}+0000"))
+    rows.append(dict(rows[-1], backend="vllm", layers=4, median_ms=30.0 + 2 * 5.2 + 0.4, mad_ms=0.5,
+                     run_id="20261204T110000-2", timestamp="2026-12-04T11:00:00+0000"))   # one depth only: no ratio
+    df = pd.DataFrame(rows)
+    runs = per_layer_by_run(df)
+    assert set(runs["run"]) == {"20261204T100000-1", "20261204T100001-1", "20261204T100002-1", "20261204T110000-2"}
+    rr = run_ratios(runs, "qwen3-30b-a3b", "hina+l+a", "vllm")
+    assert [round(x, 2) for _, x in rr] == [1.1, 1.3, 1.3]
+    latest = df[df["run_id"] != "20261204T110000-2"].sort_values("timestamp").groupby(["backend", "layers"]).tail(1)
+    text = tables(latest, runs=df)
+    assert "hina+l+a >= 1.2x vllm per layer: 1.30x -> PASS (4.00 vs 5.20 ms)" in text       # the newest run alone
+    assert "hina+l+a >= 1.2x vllm per layer, over 3 runs of 20261204: median 1.30x (runs 1.10-1.30x) -> PASS" in text
+    assert "over" not in tables(latest)     # without every run's rows: one run, no line over runs

@@ -29,7 +29,8 @@ from . import command_line, ints, names
 @click.option("--checkpoint-only", is_flag=True, help="Write (or find) the checkpoints and exit.")
 @click.option("--tables", "tables_from", default=None,
               help="Print the note's tables (per depth, per layer, the targets, Table 4) from stored rows "
-                   "(a results file, folder or glob), and exit.")
+                   "(a results file, folder or glob), and exit. Rows of several runs: the newest per point, "
+                   "and each peer target also over the runs (the median of each run's per-layer ratio).")
 @click.option("--gguf", "gguf_types", default=None,
               help="Also write the checkpoint as GGUF, comma-separated types (bf16, q8_0), and exit.")
 def e2e(model_names, layers, prompt, gen, batch, engines, prefill, prefill_engines, rounds, seed, threads,
@@ -56,7 +57,7 @@ def e2e(model_names, layers, prompt, gen, batch, engines, prefill, prefill_engin
     if tables_from:
         from ..e2e.figures import tables
         from ..harness.store import load_frame
-        click.echo(tables(load_frame(tables_from)))
+        click.echo(tables(load_frame(tables_from), runs=load_frame(tables_from, latest=False)))
         return
     from ..e2e.checkpoint import checkpoint
     models = names(model_names) or []
