@@ -364,10 +364,11 @@ def tables(df, runs=None) -> str:
     cost from two depths with the speedups and the roofline ratio, and the issue's targets judged.
     `runs`: the same rows with every run kept (load_frame(..., latest=False)); where two or more runs
     measured both engines, each peer target is also judged on the median of the runs' ratios."""
+    import statistics
     df = e2e_points(df)
-    runs = per_layer_by_run(e2e_points(df if runs is None else runs))
     if df.empty:
         raise UserError("no end-to-end rows (op e2e) in the results given")
+    runs = per_layer_by_run(df if runs is None else e2e_points(runs))
     out = ["### Decode (TPOT) and prefill (TTFT) per depth", "",
            "| model | layers | engine | B | TTFT ms | TPOT ms (median +- MAD) | tok/s | FFN % | attn % | rel_err | status |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -459,7 +460,6 @@ def tables(df, runs=None) -> str:
                                f" ({h:.2f} vs {o:.2f} ms)")
                 rr = run_ratios(runs, m, eng, other)
                 if len(rr) >= 2:   # several runs in the rows given: the verdict on their median ratio
-                    import statistics
                     med = statistics.median(x for _, x in rr)
                     days = sorted({str(run)[:8] for run, _ in rr})
                     out.append(f"- {m}: {eng} >= {need}x {other} per layer, over {len(rr)} runs"
