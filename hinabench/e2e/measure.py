@@ -42,11 +42,16 @@ def logit_tolerance(engine: str) -> float:
     return LOGIT_TOLERANCE_INT8 if engine in INT8 else LOGIT_TOLERANCE
 
 
+def _moe_block(layer):
+    """A decoder layer's MoE block (`mlp`, or Mixtral's older `block_sparse_moe`), or None."""
+    return getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+
+
 def moe_blocks(model):
     """(experts modules, attention modules) of every decoder layer."""
     experts, attn = [], []
     for layer in model.model.layers:
-        moe = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+        moe = _moe_block(layer)
         if moe is not None and hasattr(moe, "experts"):
             experts.append(moe.experts)
         attn.append(layer.self_attn)
@@ -306,7 +311,7 @@ def _norms_and_routers(model):
     norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
     routers = []
     for layer in model.model.layers:
-        moe = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+        moe = _moe_block(layer)
         if moe is not None and getattr(moe, "gate", None) is not None:
             routers.append(moe.gate)
     return norms, routers
