@@ -12,6 +12,7 @@
 #include <string>
 
 #include "ops/attention.h"
+#include "ops/layer.h"
 #include "ops/moe_ffn.h"
 #include "ops/numa_partition.h"  // numa_stats
 #if defined(HINA_EMU_AMX)
@@ -204,6 +205,70 @@ void register_attention(py::module_& m) {
   });
 }
 
+// One decoder layer's decode step (ops/layer.h): DecoderLayer(**fields) once per layer (hinabench/
+// kernels_layer.py fills it from checked tensors), then decoder_layer_decode per step.
+void register_layer(py::module_& m) {
+  py::class_<DecoderLayer>(m, "DecoderLayer", py::module_local(),
+      "The weights and shapes of one decoder layer (kernels/ops/layer.h); pointers as addresses.")
+      .def(py::init([](const MoeCall& experts, const py::kwargs& kw) {
+        DecoderLayer L;
+        L.experts = experts;
+        auto ptr = [](py::handle v) { return reinterpret_cast<const bf16_t*>(v.cast<uintptr_t>()); };
+        for (auto item : kw) {
+          const std::string k = item.first.cast<std::string>();
+          py::handle v = item.second;
+          if (k == "H") L.H = v.cast<int64_t>();
+          else if (k == "h_q") L.h_q = v.cast<int64_t>();
+          else if (k == "h_kv") L.h_kv = v.cast<int64_t>();
+          else if (k == "d") L.d = v.cast<int64_t>();
+          else if (k == "eps") L.eps = v.cast<float>();
+          else if (k == "in_norm") L.in_norm = ptr(v);
+          else if (k == "post_norm") L.post_norm = ptr(v);
+          else if (k == "q_norm") L.q_norm = ptr(v);
+          else if (k == "k_norm") L.k_norm = ptr(v);
+          else if (k == "wq") L.wq = ptr(v);
+          else if (k == "ldq") L.ldq = v.cast<int64_t>();
+          else if (k == "wk") L.wk = ptr(v);
+          else if (k == "ldk") L.ldk = v.cast<int64_t>();
+          else if (k == "wv") L.wv = ptr(v);
+          else if (k == "ldv") L.ldv = v.cast<int64_t>();
+          else if (k == "wo") L.wo = ptr(v);
+          else if (k == "ldo") L.ldo = v.cast<int64_t>();
+          else if (k == "router") L.router = ptr(v);
+          else if (k == "ldr") L.ldr = v.cast<int64_t>();
+          else if (k == "E") L.E = v.cast<int64_t>();
+          else if (k == "top_k") L.top_k = v.cast<int>();
+          else if (k == "norm_topk") L.norm_topk = v.cast<bool>();
+          else if (k == "topk_bf16") L.topk_bf16 = v.cast<bool>();
+          else if (k == "sm_scale") L.sm_scale = v.cast<float>();
+          else if (k == "linear_isa") L.linear_isa = v.cast<std::string>();
+          else if (k == "attn_isa") L.attn_isa = v.cast<std::string>();
+          else throw std::invalid_argument("DecoderLayer: unknown field '" + k + "'");
+        }
+        return L;
+      }), py::arg("experts"));
+  m.def(
+      "decoder_layer_decode",
+      [](const DecoderLayer& L, uintptr_t x, int64_t B, uintptr_t cos, uintptr_t sin, int64_t rope_stride,
+         uintptr_t k_cache, uintptr_t v_cache, int64_t kv_seq, int64_t kv_tok, int64_t kv_head, int64_t pos,
+         uintptr_t out, int threads) {
+        DecodeStep s;
+        s.x = reinterpret_cast<const bf16_t*>(x); s.B = B;
+        s.cos = reinterpret_cast<const bf16_t*>(cos); s.sin = reinterpret_cast<const bf16_t*>(sin);
+        s.rope_stride = rope_stride;
+        s.k_cache = reinterpret_cast<bf16_t*>(k_cache); s.v_cache = reinterpret_cast<bf16_t*>(v_cache);
+        s.kv_seq = kv_seq; s.kv_tok = kv_tok; s.kv_head = kv_head; s.pos = pos;
+        s.out = reinterpret_cast<bf16_t*>(out); s.threads = threads;
+        py::gil_scoped_release release;
+        decoder_layer_decode(L, s);
+      },
+      py::arg("layer"), py::arg("x"), py::arg("B"), py::arg("cos"), py::arg("sin"), py::arg("rope_stride"),
+      py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_seq"), py::arg("kv_tok"), py::arg("kv_head"),
+      py::arg("pos"), py::arg("out"), py::arg("threads"),
+      "One decoder layer's decode step on raw buffers (validated by hinabench.kernels_layer): x, out bf16 "
+      "[B, H]; the new K/V written at `pos` of the caches, attention over [0, pos].");
+}
+
 #if defined(HINA_EMU_AMX)
 // ---- the software tile unit's own entry points, for tests/test_tile_emulator.py --------------------
 void register_tile_emulator(py::module_& m) {
@@ -267,6 +332,7 @@ PYBIND11_MODULE(HINA_EMU_MODULE_NAME, m) {
   m.doc() = "HiNa-MoE operator with an emulated ISA (tests only: runs anywhere, slowly)";
   register_moe(m);
   register_attention(m);
+  register_layer(m);
 #if defined(HINA_EMU_AMX)
   register_tile_emulator(m);
 #endif
@@ -323,5 +389,6 @@ PYBIND11_MODULE(_C, m) {
 
   register_moe(m);
   register_attention(m);
+  register_layer(m);
 }
 #endif

@@ -159,10 +159,12 @@ def test_attention_dropin_decodes_on_hina_and_prefills_on_sdpa(name):
     assert with_a["ok"] and abs(with_a["rel_err"] - hina["rel_err"]) < 2e-3, (with_a, hina)
     assert with_a["greedy_match"] == hina["greedy_match"]
     layers = ck.config["num_hidden_layers"]
-    assert len(calls) == layers * M.GREEDY_STEPS                  # decode steps only, every layer
-    assert {c[2] for c in calls} == set(range(13, 13 + M.GREEDY_STEPS))   # the cache grows by one per step
+    # decode steps only, every layer: the prompt's last tokens as teacher-forced steps, then the greedy ones
+    assert len(calls) == layers * (M.DECODE_CHECK + M.GREEDY_STEPS)
+    assert {c[2] for c in calls} == set(range(13 - M.DECODE_CHECK, 13 + M.GREEDY_STEPS))   # one more key per step
     assert M.set_engine(m, "hf", "eager", "sdpa") == "experts=eager attn=sdpa"   # and back
-    assert len({c[1] for c in calls}) == layers      # each layer's keys read in place, step after step
+    greedy = calls[-layers * M.GREEDY_STEPS:]
+    assert len({c[1] for c in greedy}) == layers      # each layer's keys read in place, step after step
 
 
 def test_append_cache_holds_what_transformers_cache_holds_without_a_copy_per_step():
@@ -241,21 +243,24 @@ def test_show_patch_prints_the_dropin_and_its_line_count():
     assert "class AppendLayer(DynamicLayer)" in r.output and 10 <= n <= 60
     n = int(r.output.rsplit("the INT8 experts (engine hina+l+a:int8): ", 1)[1].split()[0])
     assert 5 <= n <= 30
+    n = int(r.output.rsplit("one native call (engine hina+fused): ", 1)[1].split()[0])
+    assert "def hina_layer_forward" in r.output and 20 <= n <= 70
 
 
 def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
     monkeypatch.setenv("HINABENCH_ENVS", str(tmp_path / "no-envs"))   # vllm/llamacpp: unavailable, said so
     out = tmp_path / "e2e.csv"
     r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1,2", "--prompt", "8", "--gen", "4", "--batch", "1,2",
-               "--engines", "hina,hf,hina+l,hina+a,hina+l+a:int8,vllm,llamacpp,ipex,kt", "--prefill", "16", "--rounds", "1",
+               "--engines", "hina,hf,hina+l,hina+a,hina+fused,hina+l+a:int8,vllm,llamacpp,ipex,kt", "--prefill", "16",
+               "--rounds", "1",
                "--out", str(out))
     assert r.exit_code == 0, r.output
     rows = read_csv(out)
     by = {}
     for row in rows:
         by.setdefault(row["backend"], []).append(row)
-    assert set(by) == {"hina", "hf", "hina+l", "hina+a", "hina+l+a:int8", "vllm", "llamacpp:bf16", "llamacpp:q8_0",
-                       "ipex", "kt"}
+    assert set(by) == {"hina", "hf", "hina+l", "hina+a", "hina+fused", "hina+l+a:int8", "vllm", "llamacpp:bf16",
+                       "llamacpp:q8_0", "ipex", "kt"}
     for eng in ("hina", "hf", "hina+l", "hina+l+a:int8"):
         dec = [x for x in by[eng] if x["phase"] == "decode"]
         assert len(dec) == 4 and all(x["status"] == "ok" and float(x["median_ms"]) > 0 for x in dec)
@@ -271,6 +276,11 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
     assert all(0 <= float(x["logprob_err"]) < 0.05 for e in ("hina", "hf", "hina+a") for x in by[e])
     dec = [x for x in by["hina+a"] if x["phase"] == "decode"]
     assert len(dec) == 4 and all(x["status"] == "ok" and x["engine_impl"] == "experts=hina attn=hina" for x in dec)
+    # every in-process engine's decode path validated too: the prompt's last tokens as decode steps
+    assert all(0 <= float(x["decode_rel_err"]) < 0.03 and "as decode steps" in x["validation"]
+               for e in ("hina", "hf", "hina+a", "hina+fused") for x in by[e])
+    fused = [x for x in by["hina+fused"] if x["phase"] == "decode"]
+    assert len(fused) == 4 and all(x["status"] == "ok" and x["engine_impl"].endswith("layer=hina") for x in fused)
     assert all(0 < float(x["attn_share"]) < 1 for x in dec)
     assert all(x["status"] == "unavailable" and "hinabench env create vllm" in x["reason"] for x in by["vllm"])
     assert all(x["status"] in ("unsupported", "unavailable") and x["reason"] for x in by["ipex"] + by["kt"])

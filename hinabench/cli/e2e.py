@@ -25,7 +25,7 @@ from . import command_line, ints, names
 @click.option("--mem-gib", default=7.0, show_default=True, type=click.FloatRange(1, 4096),
               help="Memory budget: the fp32 reference runs only when it fits.")
 @click.option("--out", default=None, help="Results file (default: results/<machine>/e2e-<model>-<time>.csv).")
-@click.option("--show-patch", is_flag=True, help="Print the drop-ins (hinabench/e2e/dropin.py, dropin_attention.py, dropin_cache.py, dropin_int8.py) and their line counts, and exit.")
+@click.option("--show-patch", is_flag=True, help="Print the drop-ins (hinabench/e2e/dropin.py, dropin_attention.py, dropin_cache.py, dropin_int8.py, dropin_layer.py) and their line counts, and exit.")
 @click.option("--checkpoint-only", is_flag=True, help="Write (or find) the checkpoints and exit.")
 @click.option("--tables", "tables_from", default=None,
               help="Print the note's tables (per depth, per layer, the targets, Table 4) from stored rows "
@@ -53,6 +53,10 @@ def e2e(model_names, layers, prompt, gen, batch, engines, prefill, prefill_engin
         text, n = patch_text("dropin_int8.py")
         click.echo("\n" + text)
         click.echo(f"# the INT8 experts (engine hina+l+a:int8): {n} lines of code, counted the same way")
+        text, n = patch_text("dropin_layer.py")
+        click.echo("\n" + text)
+        click.echo(f"# each decoder layer's decode step as one native call (engine hina+fused): {n} lines of code, "
+                   f"counted the same way")
         return
     if tables_from:
         from ..e2e.figures import tables

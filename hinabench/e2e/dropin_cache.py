@@ -21,17 +21,27 @@ class AppendLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[-2]
+        keys, values, start = self.reserve(n, like=(key_states, value_states))
+        keys[..., start:start + n, :].copy_(key_states)
+        values[..., start:start + n, :].copy_(value_states)
+        return self.commit(n)
+
+    def reserve(self, n, like=None):
+        """Room for n more positions: (key buffer, value buffer, where they start); commit(n) once written
+        (dropin_layer.py writes them in its native call)."""
         end = self.length + n
         if self.buffers is None or end > self.buffers[0].shape[-2]:
             cap = max(end, 2 * self.length, 256)
-            self.buffers = tuple(x.new_empty(x.shape[:-2] + (cap, x.shape[-1])) for x in (key_states, value_states))
+            like = like or (self.keys, self.values)
+            self.buffers = tuple(x.new_empty(x.shape[:-2] + (cap, x.shape[-1])) for x in like)
             if self.length:
                 self.buffers[0][..., :self.length, :].copy_(self.keys)
                 self.buffers[1][..., :self.length, :].copy_(self.values)
-        self.buffers[0][..., self.length:end, :].copy_(key_states)
-        self.buffers[1][..., self.length:end, :].copy_(value_states)
-        self.length = end
-        self.keys, self.values = self.buffers[0][..., :end, :], self.buffers[1][..., :end, :]
+        return self.buffers[0], self.buffers[1], self.length
+
+    def commit(self, n):
+        self.length += n
+        self.keys, self.values = self.buffers[0][..., :self.length, :], self.buffers[1][..., :self.length, :]
         return self.keys, self.values
 
     def crop(self, tokens_to_remove):

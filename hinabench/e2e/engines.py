@@ -6,6 +6,8 @@
   hina+a        hina plus HiNa decode attention through transformers' attention interface (dropin_attention.py),
                 on a KV cache appended in place (dropin_cache.py) instead of DynamicLayer's torch.cat per step
   hina+l+a      every HiNa kernel: the experts, the dense projections and decode attention
+  hina+fused    hina+l+a with each decoder layer's decode step as one native call (dropin_layer.py): the same
+                kernels, the glue between them (norms, rotary, the router's top-k, the residuals) in C++
   hina+l+a:int8 hina+l+a with the experts quantized to INT8 once (dropin_int8.py: group-wise W8A8, the bytes
                 class of llama.cpp's Q8_0)
   vllm          vLLM-CPU on the same checkpoint, in the `vllm` environment (vllm_run.py)
@@ -17,13 +19,15 @@
 """
 from __future__ import annotations
 
-ENGINES = ("hina", "hf", "hina+l", "hina+a", "hina+l+a", "hina+l+a:int8", "vllm", "llamacpp:bf16", "llamacpp:q8_0",
+ENGINES = ("hina", "hf", "hina+l", "hina+a", "hina+l+a", "hina+fused", "hina+l+a:int8", "vllm", "llamacpp:bf16", "llamacpp:q8_0",
            "ipex", "kt")
-IN_PROCESS = ("hf", "hina", "hina+l", "hina+a", "hina+l+a", "hina+l+a:int8")
+IN_PROCESS = ("hf", "hina", "hina+l", "hina+a", "hina+l+a", "hina+fused", "hina+l+a:int8")
 # the engines with the HiNa kernels, and which of the drop-ins each adds to the experts'
-HINA = ("hina", "hina+l", "hina+a", "hina+l+a", "hina+l+a:int8")
-WITH_LINEAR = ("hina+l", "hina+l+a", "hina+l+a:int8")
-WITH_ATTENTION = ("hina+a", "hina+l+a", "hina+l+a:int8")
+HINA = ("hina", "hina+l", "hina+a", "hina+l+a", "hina+fused", "hina+l+a:int8")
+WITH_LINEAR = ("hina+l", "hina+l+a", "hina+fused", "hina+l+a:int8")
+WITH_ATTENTION = ("hina+a", "hina+l+a", "hina+fused", "hina+l+a:int8")
+FUSED = ("hina+fused",)     # each decoder layer's decode step as one native call (dropin_layer.py)
+FUSED_MODEL_TYPES = ("qwen3_moe", "mixtral")   # the decoder layers it knows (dropin_layer.ROUTERS)
 INT8 = ("hina+l+a:int8",)   # the experts quantized (dropin_int8.py)
 # in their own env and process, each by its script beside this file (run._run_peer): engine -> (env, script)
 PEERS = {"vllm": ("vllm", "vllm_run.py"), "llamacpp:bf16": ("llamacpp", "llamacpp_run.py"),
@@ -34,6 +38,7 @@ DESCRIPTIONS = {
     "hina+l": "hina + the dense projections, router and LM head on the HiNa linear kernel (dropin_linear.py), bf16",
     "hina+a": "hina + HiNa decode attention via transformers' AttentionInterface (dropin_attention.py) on a KV cache appended in place (dropin_cache.py), bf16",
     "hina+l+a": "hina + the linear kernel (dropin_linear.py) + HiNa decode attention (dropin_attention.py, dropin_cache.py), bf16",
+    "hina+fused": "hina+l+a with each decoder layer's decode step as one native call (dropin_layer.py), bf16",
     "hina+l+a:int8": "hina+l+a with the experts quantized to INT8 once (dropin_int8.py: group 128, W8A8), bf16 elsewhere",
     "vllm": "vLLM-CPU (bf16, eager, its own process and env)",
     "llamacpp:bf16": "llama.cpp via llama-cpp-python, GGUF BF16 of the same weights",
@@ -60,9 +65,13 @@ def expand(names: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def status(engine: str) -> tuple[str, str]:
-    """('ok', '') when `engine` can run here, else (row status, reason in words)."""
+def status(engine: str, model_type: str | None = None) -> tuple[str, str]:
+    """('ok', '') when `engine` can run here (on a checkpoint of `model_type`, where given), else (row
+    status, reason in words)."""
     from .. import envs
+    if engine in FUSED and model_type is not None and model_type not in FUSED_MODEL_TYPES:
+        return "unsupported", (f"{engine} knows the decoder layers of {', '.join(FUSED_MODEL_TYPES)} (dropin_layer.py), "
+                               f"not {model_type}'s (Qwen2-MoE's shared expert and its gate are not in the native layer)")
     if engine in IN_PROCESS:
         try:
             import transformers  # noqa: F401

@@ -35,6 +35,7 @@ LOGIT_TOLERANCE = 0.03       # relative L2 of the prompt logits against transfor
 LOGIT_TOLERANCE_INT8 = 0.08
 VALIDATE_TOKENS = 32
 GREEDY_STEPS = 4
+DECODE_CHECK = 8         # the validation prompt's last tokens, checked again as teacher-forced decode steps
 
 
 def logit_tolerance(engine: str) -> float:
@@ -72,7 +73,7 @@ def load(path: Path, dtype=torch.bfloat16, experts: str | None = None):
 def set_engine(model, engine: str, default_impl: str, default_attn: str = "sdpa") -> str:
     """Put the model in `engine`'s configuration; returns what runs: "experts=... attn=...[ linear=hina]"."""
     from . import dropin_linear
-    from .engines import HINA, INT8, WITH_ATTENTION, WITH_LINEAR
+    from .engines import FUSED, HINA, INT8, WITH_ATTENTION, WITH_LINEAR
     if engine in INT8:
         from . import dropin_int8
         dropin_int8.use_hina_int8(model)
@@ -87,8 +88,11 @@ def set_engine(model, engine: str, default_impl: str, default_attn: str = "sdpa"
     elif model.config._attn_implementation != default_attn:
         model.set_attn_implementation(default_attn)
     dropin_linear.use_hina_linear(model, on=engine in WITH_LINEAR)
+    if engine in FUSED or any("forward" in layer.__dict__ for layer in model.model.layers):
+        from . import dropin_layer
+        dropin_layer.use_hina_layer(model, on=engine in FUSED)
     return (f"experts={model.config._experts_implementation} attn={model.config._attn_implementation}"
-            + (" linear=hina" if engine in WITH_LINEAR else ""))
+            + (" linear=hina" if engine in WITH_LINEAR else "") + (" layer=hina" if engine in FUSED else ""))
 
 
 def new_cache(model):
@@ -240,19 +244,34 @@ def reference(ck, candidates: list[torch.Tensor], mem_budget: int, echo=print) -
 
 @torch.inference_mode()
 def validate(model, ref: Reference, tolerance: float = LOGIT_TOLERANCE) -> dict:
+    """The engine's teacher-forced logits against the reference: the prompt in one forward (prefill), and
+    its last DECODE_CHECK tokens again as decode steps on the engine's own cache (the decode paths: HiNa
+    attention, hina+fused's native layer), each within `tolerance`; greedy steps compared, not judged."""
     from ..problems.validate import rel_err
     logits = model(input_ids=ref.ids).logits[0].float()
     err = rel_err(logits, ref.logits)
     lp_err = logprob_err(logits, ref)
     agree = float((logits.argmax(-1) == ref.logits.argmax(-1)).float().mean())
+    n = min(DECODE_CHECK, ref.ids.shape[1] - 1)
+    dec_err = rel_err(_decode_logits(model, ref.ids, n), ref.logits[-n:]) if n > 0 else None
     greedy = _greedy(model, ref.ids, GREEDY_STEPS)
     match = 0
     for a, b in zip(greedy, ref.greedy):
         if a != b:
             break
         match += 1
-    return {"rel_err": err, "argmax_agree": agree, "greedy_match": f"{match}/{len(ref.greedy)}",
-            "logprob_err": lp_err, "tolerance": tolerance, "ok": err <= tolerance}
+    return {"rel_err": err, "decode_rel_err": dec_err, "argmax_agree": agree,
+            "greedy_match": f"{match}/{len(ref.greedy)}", "logprob_err": lp_err, "tolerance": tolerance,
+            "ok": err <= tolerance and (dec_err is None or dec_err <= tolerance)}
+
+
+@torch.inference_mode()
+def _decode_logits(model, ids: torch.Tensor, n: int) -> torch.Tensor:
+    """[n, V] logits of the last n tokens of `ids` [1, P], each from a decode step after a prefill of the rest."""
+    cache = new_cache(model)
+    model(input_ids=ids[:, :-n], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return torch.stack([model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits[0, -1].float()
+                        for t in range(ids.shape[1] - n, ids.shape[1])])
 
 
 def prompt_logprobs(ref: Reference, logits: torch.Tensor) -> torch.Tensor:

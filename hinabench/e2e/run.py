@@ -123,7 +123,7 @@ def run_e2e(cfg: E2EConfig, store, echo=print) -> list[dict]:
             # ---- engines that cannot run here: a row each, with the reason ------------------------
             runnable = []
             for eng in cfg.engines:
-                st, why = E.status(eng)
+                st, why = E.status(eng, ck.config.get("model_type"))
                 if st == "ok":
                     runnable.append(eng)
                     continue
@@ -184,7 +184,8 @@ class _InProcess:
             impl[eng] = M.set_engine(model, eng, default_impl, default_attn)
             valid[eng] = M.validate(model, ref, M.logit_tolerance(eng))
             v = valid[eng]
-            self.echo(f"  {eng} ({impl[eng]}): logits rel_err {v['rel_err']:.2e} vs {ref.what} (tolerance "
+            dec = "" if v["decode_rel_err"] is None else f", as decode steps {v['decode_rel_err']:.2e}"
+            self.echo(f"  {eng} ({impl[eng]}): logits rel_err {v['rel_err']:.2e}{dec} vs {ref.what} (tolerance "
                       f"{v['tolerance']}), prompt log-probs max delta {v['logprob_err']:.3g} nats, argmax agree "
                       f"{v['argmax_agree']:.2f}, greedy {v['greedy_match']}")
             if eng == "hf":
@@ -196,11 +197,16 @@ class _InProcess:
                 r.update(engine_impl=impl[eng],
                          engine_version=_versions(eng), versions=_versions(eng),
                          rel_err=v["rel_err"], tolerance=v["tolerance"], greedy_match=v["greedy_match"],
-                         validation=f"teacher-forced logits of {ref.ids.shape[1]} tokens vs {ref.what}; argmax "
-                                    f"agree {v['argmax_agree']:.2f} (random weights: near-uniform logits, argmax fragile)",
+                         validation=f"teacher-forced logits of {ref.ids.shape[1]} tokens vs {ref.what}"
+                                    + ("" if v["decode_rel_err"] is None else
+                                       f", the last {M.DECODE_CHECK} again as decode steps: rel_err {v['decode_rel_err']:.2e}")
+                                    + f"; argmax agree {v['argmax_agree']:.2f} (random weights: near-uniform logits, argmax fragile)",
                          logit_rel_err_hf=hf_err, logprob_err=v["logprob_err"], router_margin=ref.router_margin,
+                         decode_rel_err=v["decode_rel_err"],
                          status="ok" if v["ok"] else "wrong",
-                         reason=None if v["ok"] else ref.why_wrong(f"logits rel_err {v['rel_err']:.3g} > {v['tolerance']}"),
+                         reason=None if v["ok"] else ref.why_wrong(
+                             f"logits rel_err {max(v['rel_err'], v['decode_rel_err'] or 0):.3g} > {v['tolerance']}"
+                             + ("" if v["rel_err"] > v["tolerance"] else " (as decode steps)")),
                          warmup=1)
                 self.rows[(eng, p)] = r
                 self.samples[(eng, p)], self.ttfts[(eng, p)] = [], []

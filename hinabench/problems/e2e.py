@@ -28,6 +28,7 @@ class E2EProblem(Problem):
         "norm_ms", "router_ms", "kernel_ms",                  # ... the RMSNorms, the routers, the HiNa kernels' calls
         "experts_touched", "layer_bytes", "step_bytes",       # what one decode step must read
         "validation", "logit_rel_err_hf", "greedy_match",
+        "decode_rel_err",                                     # the prompt's last tokens as decode steps, vs the reference
         "logprob_err", "logprob_err_hf",                     # max |delta log-prob| of the prompt, nats
         "router_margin")                                     # the validation prompt's closest router decision
 
