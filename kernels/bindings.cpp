@@ -267,6 +267,21 @@ void register_layer(py::module_& m) {
       py::arg("pos"), py::arg("out"), py::arg("threads"),
       "One decoder layer's decode step on raw buffers (validated by hinabench.kernels_layer): x, out bf16 "
       "[B, H]; the new K/V written at `pos` of the caches, attention over [0, pos].");
+  m.def(
+      "decoder_layer_profile",
+      [](bool on) {
+        LayerProfile& p = layer_profile();
+        py::dict d;
+        d["norms"] = p.norms; d["qkv"] = p.qkv; d["rope"] = p.rope; d["attention"] = p.attention; d["o"] = p.o;
+        d["router"] = p.router; d["experts"] = p.experts; d["adds"] = p.adds; d["calls"] = p.calls;
+        d["touched"] = p.touched;
+        p = LayerProfile();
+        p.on = on;
+        return d;
+      },
+      py::arg("on"),
+      "What the decoder_layer_decode calls since the last call of this spent (seconds per part, calls, each "
+      "call's distinct experts), zeroed; profiling then on or off.");
 }
 
 #if defined(HINA_EMU_AMX)

@@ -384,6 +384,10 @@ def block_timers(model):
                if hasattr(mod, name)]
     for mod, name, fn in wrapped:
         setattr(mod, name, timed(fn))
+    # hina+fused's native layer (dropin_layer.py) runs its blocks inside one call: its own timers say where
+    profiled = [mod for mod in list(_LOADED.values()) if hasattr(mod, "decoder_layer_profile")]
+    for mod in profiled:
+        mod.decoder_layer_profile(True)
     try:
         yield bt
     finally:
@@ -391,6 +395,22 @@ def block_timers(model):
             h.remove()
         for mod, name, fn in wrapped:
             setattr(mod, name, fn)
+        for mod in profiled:
+            _add_layer_profile(bt, mod.decoder_layer_profile(False))
+
+
+def _add_layer_profile(bt: BlockTimes, p: dict) -> None:
+    """The native layer's parts into the blocks' buckets as the hooks define them: attention is q/k/v, the
+    q/k norms, rotary and the KV append, attention itself and o; the kernels are the matrix parts."""
+    if not p["calls"]:
+        return
+    bt.ffn += p["experts"]
+    bt.attn += p["qkv"] + p["rope"] + p["attention"] + p["o"]
+    bt.norm += p["norms"]
+    bt.router += p["router"]
+    bt.kernels += p["qkv"] + p["attention"] + p["o"] + p["experts"]
+    bt.kernel_calls += p["calls"]
+    bt.touched += list(p["touched"])
 
 
 @torch.inference_mode()

@@ -2,6 +2,7 @@
 #include "ops/layer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -106,7 +107,23 @@ void check(const DecoderLayer& L, const DecodeStep& s) {
   if (s.pos + 1 > INT32_MAX) throw std::invalid_argument("decode step: cache longer than 2^31 - 1");
 }
 
+LayerProfile g_profile;
+
+// The time since the last lap, added to one of the profile's fields (nothing when profiling is off).
+struct Lap {
+  using clock = std::chrono::steady_clock;
+  clock::time_point t = clock::now();
+  void operator()(double LayerProfile::*field) {
+    if (!g_profile.on) return;
+    const clock::time_point now = clock::now();
+    g_profile.*field += std::chrono::duration<double>(now - t).count();
+    t = now;
+  }
+};
+
 }  // namespace
+
+LayerProfile& layer_profile() { return g_profile; }
 
 void decoder_layer_decode(const DecoderLayer& L, const DecodeStep& s) {
   check(L, s);
@@ -114,9 +131,12 @@ void decoder_layer_decode(const DecoderLayer& L, const DecodeStep& s) {
   const int threads = std::max(1, s.threads);
   std::vector<bf16_t> n(size_t(B * H)), q(size_t(B * nq)), k(size_t(B * nkv)), v(size_t(B * nkv)),
       a(size_t(B * nq)), o(size_t(B * H)), h(size_t(B * H)), y(size_t(B * H));
+  Lap lap;
   for (int64_t t = 0; t < B; ++t) rmsnorm(s.x + t * H, L.in_norm, H, L.eps, n.data() + t * H);
+  lap(&LayerProfile::norms);
   project(L, n.data(), B, H, {{L.wq, nq, L.ldq, q.data()}, {L.wk, nkv, L.ldk, k.data()}, {L.wv, nkv, L.ldv, v.data()}},
           threads);
+  lap(&LayerProfile::qkv);
   for (int64_t t = 0; t < B; ++t) {
     const bf16_t* cos = s.cos + t * s.rope_stride;
     const bf16_t* sin = s.sin + t * s.rope_stride;
@@ -134,6 +154,7 @@ void decoder_layer_decode(const DecoderLayer& L, const DecodeStep& s) {
       std::copy(v.data() + t * nkv + hd * d, v.data() + t * nkv + (hd + 1) * d, s.v_cache + at);
     }
   }
+  lap(&LayerProfile::rope);
   // attention over positions [0, pos]: one query token per sequence
   std::vector<int32_t> q_start(size_t(B + 1)), kv_len(size_t(B), int32_t(s.pos + 1));
   for (int64_t t = 0; t <= B; ++t) q_start[size_t(t)] = int32_t(t);
@@ -146,17 +167,30 @@ void decoder_layer_decode(const DecoderLayer& L, const DecodeStep& s) {
   ac.q_start = q_start.data(); ac.kv_len = kv_len.data();
   ac.sm_scale = L.sm_scale; ac.isa = L.attn_isa; ac.threads = threads;
   attention(ac);
+  lap(&LayerProfile::attention);
   project(L, a.data(), B, nq, {{L.wo, H, L.ldo, o.data()}}, threads);
+  lap(&LayerProfile::o);
   add(s.x, o.data(), B * H, h.data());
+  lap(&LayerProfile::adds);
   for (int64_t t = 0; t < B; ++t) rmsnorm(h.data() + t * H, L.post_norm, H, L.eps, n.data() + t * H);
+  lap(&LayerProfile::norms);
   std::vector<int32_t> ids(size_t(B * L.top_k));
   std::vector<float> tw(size_t(B * L.top_k));
   route(L, n.data(), B, threads, ids.data(), tw.data());
+  lap(&LayerProfile::router);
   MoeCall mc = L.experts;
   mc.x = n.data(); mc.T = B; mc.ldx = H; mc.k = L.top_k;
   mc.topk_ids = ids.data(); mc.topk_weights = tw.data(); mc.out = y.data(); mc.threads = threads;
   moe_ffn(mc);
+  lap(&LayerProfile::experts);
   add(h.data(), y.data(), B * H, s.out);
+  lap(&LayerProfile::adds);
+  if (g_profile.on) {
+    std::vector<int32_t> distinct(ids);
+    std::sort(distinct.begin(), distinct.end());
+    g_profile.touched.push_back(int(std::unique(distinct.begin(), distinct.end()) - distinct.begin()));
+    ++g_profile.calls;
+  }
 }
 
 }  // namespace hina

@@ -22,6 +22,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "numeric.h"
 #include "ops/moe_ffn.h"
@@ -67,5 +68,17 @@ struct DecodeStep {
 
 // Throws std::invalid_argument for bad shapes (and what the kernels throw).
 void decoder_layer_decode(const DecoderLayer& layer, const DecodeStep& step);
+
+// Where the calls' time goes, summed over the calls made while `on` (hinabench.e2e.measure.block_timers):
+// seconds in the RMSNorms (input and post-attention), q/k/v, the q/k norms + rotary + the KV append,
+// attention, o, the router (logits, softmax, top-k), the experts, the residual adds; calls; and each
+// call's distinct experts.
+struct LayerProfile {
+  bool on = false;
+  double norms = 0, qkv = 0, rope = 0, attention = 0, o = 0, router = 0, experts = 0, adds = 0;
+  int64_t calls = 0;
+  std::vector<int> touched;
+};
+LayerProfile& layer_profile();
 
 }  // namespace hina
