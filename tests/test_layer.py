@@ -213,6 +213,7 @@ def test_fused_engine_decodes_as_transformers_layers_do(kind, monkeypatch):
     the logits agree (transformers' bf16 roundings are the native layer's), one native call per layer and
     decode step, prefill on the layers' own forward; and back."""
     from hinabench import kernels_layer
+    from hinabench.e2e import dropin_layer
     from hinabench.e2e import measure as M
     model = tiny(kind)
     ids = torch.randint(0, 128, (1, 20), generator=torch.Generator().manual_seed(3))
@@ -225,6 +226,14 @@ def test_fused_engine_decodes_as_transformers_layers_do(kind, monkeypatch):
     got = M._decode_logits(model, ids, 10)
     assert rel_err(got, ref) <= 5e-3, rel_err(got, ref)
     assert calls == [p for p in range(10, 20) for _ in range(2)]     # every layer, every step, at its position
+    prepared = [layer._hina_layer for layer in model.model.layers]
+    M._decode_logits(model, ids, 2)
+    assert [layer._hina_layer for layer in model.model.layers] == prepared   # the weights checked once, not per step
+    o = model.model.layers[1].self_attn.o_proj
+    o.weight = torch.nn.Parameter(o.weight.detach().clone())                # transformers' tensor replaced:
+    M._decode_logits(model, ids, 2)                                         # the next generation reads the new one
+    assert model.model.layers[0]._hina_layer is prepared[0] and model.model.layers[1]._hina_layer is not prepared[1]
+    assert model.model.layers[1]._hina_layer.reads(*dropin_layer._weights(model.model.layers[1]))
     # two sequences at once: the same logits as each alone on hina+l+a's path (rotary tables of one row shared)
     two = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(4))
     fused = batch_steps(model, two, 4)
@@ -248,3 +257,24 @@ def test_fused_engine_knows_its_layers():
     assert set(dropin_layer.ROUTERS) == set(engines.FUSED_MODEL_TYPES)
     st_, why = engines.status("hina+fused", "qwen2_moe")
     assert st_ == "unsupported" and "qwen2_moe" in why
+
+
+def test_append_cache_with_native_appends_across_growth():
+    """AppendLayer as hina+fused drives it (reserve, write the buffers, commit without views): the keys and
+    values read afterwards are DynamicLayer's, also when a reserve grows the buffers over uncommitted views."""
+    from transformers.cache_utils import DynamicLayer
+
+    from hinabench.e2e.dropin_cache import AppendLayer
+    g = torch.Generator().manual_seed(1)
+    kv = lambda n: (torch.randn(1, 2, n, 16, generator=g).bfloat16(), torch.randn(1, 2, n, 16, generator=g).bfloat16())  # noqa: E731
+    ours, theirs = AppendLayer(), DynamicLayer()
+    k, v = kv(250)
+    ours.update(k, v), theirs.update(k, v)
+    for _ in range(10):                      # 256 slots, then 512: the growth copies committed positions
+        k, v = kv(1)
+        keys, values, pos = ours.reserve(1)
+        keys[..., pos:pos + 1, :], values[..., pos:pos + 1, :] = k, v
+        ours.commit(1, views=False)
+        theirs.update(k, v)
+        assert ours.get_seq_length() == theirs.get_seq_length()
+    assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)

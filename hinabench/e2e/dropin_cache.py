@@ -13,6 +13,37 @@ from transformers.cache_utils import DynamicLayer
 
 
 class AppendLayer(DynamicLayer):
+    _stale = False   # positions committed whose views (keys, values) are not made yet
+
+    # keys and values: the views of the buffers' first `length` positions, made when read (a native append,
+    # dropin_layer.py, then costs one integer add per layer and step, not two views with the caches cold)
+    @property
+    def keys(self):
+        if self._stale:
+            self._views()
+        return self.__dict__.get("_keys")
+
+    @keys.setter
+    def keys(self, t):
+        self.__dict__["_keys"] = t
+
+    @property
+    def values(self):
+        if self._stale:
+            self._views()
+        return self.__dict__.get("_values")
+
+    @values.setter
+    def values(self, t):
+        self.__dict__["_values"] = t
+
+    def _views(self):
+        self._stale = False
+        self.keys, self.values = self.buffers[0][..., :self.length, :], self.buffers[1][..., :self.length, :]
+
+    def get_seq_length(self) -> int:
+        return self.length if self.is_initialized and self.buffers is not None else super().get_seq_length()
+
     def lazy_initialization(self, key_states, value_states):
         super().lazy_initialization(key_states, value_states)
         self.length, self.buffers = 0, None
@@ -32,17 +63,20 @@ class AppendLayer(DynamicLayer):
         end = self.length + n
         if self.buffers is None or end > self.buffers[0].shape[-2]:
             cap = max(end, 2 * self.length, 256)
-            like = like or (self.keys, self.values)
-            self.buffers = tuple(x.new_empty(x.shape[:-2] + (cap, x.shape[-1])) for x in like)
+            old = (self.keys, self.values)   # (views of the old buffers: made before they are replaced)
+            self.buffers = tuple(x.new_empty(x.shape[:-2] + (cap, x.shape[-1])) for x in like or old)
             if self.length:
-                self.buffers[0][..., :self.length, :].copy_(self.keys)
-                self.buffers[1][..., :self.length, :].copy_(self.values)
+                self.buffers[0][..., :self.length, :].copy_(old[0])
+                self.buffers[1][..., :self.length, :].copy_(old[1])
         return self.buffers[0], self.buffers[1], self.length
 
-    def commit(self, n):
+    def commit(self, n, views: bool = True):
+        """n more positions written; their views now (views=True: update's return) or when next read."""
         self.length += n
-        self.keys, self.values = self.buffers[0][..., :self.length, :], self.buffers[1][..., :self.length, :]
-        return self.keys, self.values
+        self._stale = True
+        if views:
+            self._views()
+            return self.keys, self.values
 
     def crop(self, tokens_to_remove):
         super().crop(tokens_to_remove)

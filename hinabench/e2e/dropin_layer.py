@@ -11,6 +11,7 @@ of a model whose layer it knows (prefill, a mask, a cache without room, a slidin
 cache) runs the layer's own forward, i.e. `hina+l+a`.
 """
 import types
+import weakref
 
 import torch
 
@@ -25,9 +26,12 @@ ROUTERS = {"qwen3_moe": lambda cfg: dict(norm_topk=cfg.norm_topk_prob, topk_bf16
 
 
 def _weights(layer):
+    """The tensors the prepared layer reads, in PreparedLayer.weights' order (its `reads` compares them)."""
     a, mlp = layer.self_attn, layer.mlp
-    return (layer.input_layernorm.weight, layer.post_attention_layernorm.weight, a.q_proj.weight, a.k_proj.weight,
-            a.v_proj.weight, a.o_proj.weight, mlp.gate.weight, mlp.experts.gate_up_proj, mlp.experts.down_proj)
+    qk = (a.q_norm.weight, a.k_norm.weight) if hasattr(a, "q_norm") else ()
+    return (layer.input_layernorm.weight, layer.post_attention_layernorm.weight, *qk, a.q_proj.weight,
+            a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, mlp.gate.weight, mlp.experts.gate_up_proj,
+            mlp.experts.down_proj)
 
 
 def _prepare(layer, cfg):
@@ -54,13 +58,16 @@ def hina_layer_forward(self, hidden_states, attention_mask=None, position_ids=No
         return type(self).forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                   past_key_values=past_key_values, use_cache=use_cache,
                                   position_embeddings=position_embeddings, **kwargs)
-    layer = self.__dict__.get("_hina_layer")   # the weights checked once, redone if transformers' tensors change
-    if layer is None or not layer.reads(*_weights(self)):
-        layer = self._hina_layer = _prepare(self, self.self_attn.config)
+    # the weights checked once per cache (a generation), the layer prepared again if transformers' tensors changed
+    layer, seen = self.__dict__.get("_hina_layer"), self.__dict__.get("_hina_seen")
+    if seen is None or seen() is not past_key_values:
+        if layer is None or not layer.reads(*_weights(self)):
+            layer = self._hina_layer = _prepare(self, self.self_attn.config)
+        self._hina_seen = weakref.ref(past_key_values)
     keys, values, pos = cache.reserve(1)
     cos, sin = (t.reshape(-1, t.shape[-1]).expand(B, -1) for t in position_embeddings)   # [1 or B, 1, d] -> [B, d]
     out = layer(hidden_states.view(B, H), cos, sin, keys, values, pos)
-    cache.commit(1)
+    cache.commit(1, views=False)
     return out.view(B, 1, H)
 
 
