@@ -58,12 +58,18 @@ def _load(results, frame):
 
 def per_layer(df, phase: str = "decode"):
     """Rows of (model, engine, batch, prompt, per_layer_ms, mad_ms, depths, t_ms at the shallowest depth,
-    full_layers): the per-layer cost from the two shallowest depths with ok rows."""
+    full_layers): the per-layer cost from the two shallowest depths with ok rows, both of one run (the
+    newest run that timed two depths) where the rows say which run they come from."""
     import pandas as pd
     ok = df[(df["status"] == "ok") & (df["phase"] == phase)]
     out = []
     for (model, eng, b, p), g in ok.groupby(["model", "backend", "batch_size", "prompt_tokens"]):
         g = g.sort_values(["layers", "timestamp"] if "timestamp" in g else "layers")   # per depth, the newest last
+        if "run_id" in g and g["run_id"].notna().any():   # two depths of one run, not the newest row of each depth
+            two = [(grp["timestamp"].max() if "timestamp" in grp else "", run) for run, grp in g.groupby("run_id")
+                   if grp["layers"].nunique() >= 2]
+            if two:
+                g = g[g["run_id"] == max(two)[1]]
         depths = list(dict.fromkeys(g["layers"]))
         if len(depths) < 2:
             r = g.iloc[0]
