@@ -49,31 +49,69 @@ class PreparedLayer(_Prepared):
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, pos: int, *, threads: int | None = None) -> torch.Tensor:
-        H, h_kv, d = self.H, self.h_kv, self.d
-        if not (x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[1] == H and x.shape[0] > 0 and x.is_contiguous()):
-            raise ValueError(f"x must be a contiguous bfloat16 [B, {H}] tensor with B >= 1 (got {tuple(x.shape)} {x.dtype})")
-        B = x.shape[0]
-        for name, t in (("cos", cos), ("sin", sin)):
-            if not (t.dtype == torch.bfloat16 and t.shape == (B, d) and t.stride(1) == 1):
-                raise ValueError(f"{name} must be bfloat16 [{B}, {d}] with d contiguous (got {tuple(t.shape)} {t.dtype})")
-        if cos.stride() != sin.stride():
-            raise ValueError("cos and sin must have the same strides")
-        if not (0 <= pos < 2**31 - 1):
-            raise ValueError(f"pos must be in [0, 2^31 - 1) (got {pos})")
-        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if not (c.dtype == torch.bfloat16 and c.dim() == 4 and c.shape[0] == B and c.shape[1] == h_kv
-                    and c.shape[3] == d and c.stride(3) == 1):
-                raise ValueError(f"{name} must be bfloat16 [{B}, {h_kv}, L, {d}] with d contiguous "
-                                 f"(got {tuple(c.shape)} {c.dtype}, strides {c.stride()})")
-            if c.shape[2] <= pos:
-                raise ValueError(f"{name} holds {c.shape[2]} positions: no room for position {pos}")
-        if k_cache.stride() != v_cache.stride():
-            raise ValueError("k_cache and v_cache must have the same strides")
-        out = torch.empty(B, H, dtype=torch.bfloat16)
+        B = _check_step(x, cos, sin, [k_cache], [v_cache], pos, self.H, self.h_kv, self.d)
+        out = torch.empty(B, self.H, dtype=torch.bfloat16)
         self._mod.decoder_layer_decode(self._call, x.data_ptr(), B, cos.data_ptr(), sin.data_ptr(), cos.stride(0),
                                        k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(2),
                                        k_cache.stride(1), int(pos), out.data_ptr(), _threads(threads))
         return out
+
+
+class PreparedStack:
+    """Prepared layers (decoder_layer_prepare, one module, one H and KV geometry) run in turn as one native
+    call: layer i appends to k_caches[i], v_caches[i] at `pos`, its output the next layer's input."""
+
+    def __init__(self, layers: list[PreparedLayer]):
+        if not layers or any(not isinstance(p, PreparedLayer) for p in layers):
+            raise ValueError("a stack needs at least one PreparedLayer")
+        first = layers[0]
+        if any((p._mod, p.H, p.h_kv, p.d) != (first._mod, first.H, first.h_kv, first.d) for p in layers):
+            raise ValueError("every layer of a stack must share its module, H, h_kv and head dim")
+        self.layers = list(layers)
+        self._calls = [p._call for p in layers]
+        self._mod, self.H, self.h_kv, self.d = first._mod, first.H, first.h_kv, first.d
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_caches: list, v_caches: list,
+                 pos: int, *, threads: int | None = None) -> torch.Tensor:
+        if not (len(k_caches) == len(v_caches) == len(self.layers)):
+            raise ValueError(f"one K and one V cache per layer ({len(self.layers)}), got {len(k_caches)} and {len(v_caches)}")
+        B = _check_step(x, cos, sin, k_caches, v_caches, pos, self.H, self.h_kv, self.d)
+        out = torch.empty(B, self.H, dtype=torch.bfloat16)
+        k0 = k_caches[0]
+        self._mod.decoder_stack_decode(self._calls, x.data_ptr(), B, cos.data_ptr(), sin.data_ptr(), cos.stride(0),
+                                       [k.data_ptr() for k in k_caches], [v.data_ptr() for v in v_caches],
+                                       k0.stride(0), k0.stride(2), k0.stride(1), int(pos), out.data_ptr(),
+                                       _threads(threads))
+        return out
+
+
+def _check_step(x, cos, sin, k_caches, v_caches, pos, H: int, h_kv: int, d: int) -> int:
+    """A decode step's tensors checked (ValueError otherwise); returns B. Every cache must share the first
+    K cache's geometry (shape, strides), which the native call uses for all."""
+    if not (x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[1] == H and x.shape[0] > 0 and x.is_contiguous()):
+        raise ValueError(f"x must be a contiguous bfloat16 [B, {H}] tensor with B >= 1 (got {tuple(x.shape)} {x.dtype})")
+    B = x.shape[0]
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not (t.dtype == torch.bfloat16 and t.shape == (B, d) and t.stride(1) == 1):
+            raise ValueError(f"{name} must be bfloat16 [{B}, {d}] with d contiguous (got {tuple(t.shape)} {t.dtype})")
+    if cos.stride() != sin.stride():
+        raise ValueError("cos and sin must have the same strides")
+    if not (0 <= pos < 2**31 - 1):
+        raise ValueError(f"pos must be in [0, 2^31 - 1) (got {pos})")
+    k0 = k_caches[0]
+    if not (k0.dtype == torch.bfloat16 and k0.dim() == 4 and k0.shape[0] == B and k0.shape[1] == h_kv
+            and k0.shape[3] == d and k0.stride(3) == 1):
+        raise ValueError(f"k_cache must be bfloat16 [{B}, {h_kv}, L, {d}] with d contiguous "
+                         f"(got {tuple(k0.shape)} {k0.dtype}, strides {k0.stride()})")
+    if k0.shape[2] <= pos:
+        raise ValueError(f"k_cache holds {k0.shape[2]} positions: no room for position {pos}")
+    shape, strides = k0.shape, k0.stride()
+    for name, caches in (("k_cache", k_caches), ("v_cache", v_caches)):
+        for c in caches:
+            if not (c.dtype == torch.bfloat16 and c.shape == shape and c.stride() == strides):
+                raise ValueError(f"{name} must match the first K cache: bfloat16 {tuple(shape)}, strides {strides} "
+                                 f"(got {tuple(c.shape)} {c.dtype}, strides {c.stride()})")
+    return B
 
 
 def decoder_layer_prepare(*, experts: PreparedMoe, in_norm, post_norm, wq, wk, wv, wo, router, h_q: int, h_kv: int,

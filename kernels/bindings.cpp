@@ -268,6 +268,28 @@ void register_layer(py::module_& m) {
       "One decoder layer's decode step on raw buffers (validated by hinabench.kernels_layer): x, out bf16 "
       "[B, H]; the new K/V written at `pos` of the caches, attention over [0, pos].");
   m.def(
+      "decoder_stack_decode",
+      [](std::vector<const DecoderLayer*> layers, uintptr_t x, int64_t B, uintptr_t cos, uintptr_t sin,
+         int64_t rope_stride, std::vector<uintptr_t> k_caches, std::vector<uintptr_t> v_caches, int64_t kv_seq,
+         int64_t kv_tok, int64_t kv_head, int64_t pos, uintptr_t out, int threads) {
+        DecodeStep s;
+        s.x = reinterpret_cast<const bf16_t*>(x); s.B = B;
+        s.cos = reinterpret_cast<const bf16_t*>(cos); s.sin = reinterpret_cast<const bf16_t*>(sin);
+        s.rope_stride = rope_stride;
+        s.kv_seq = kv_seq; s.kv_tok = kv_tok; s.kv_head = kv_head; s.pos = pos;
+        s.out = reinterpret_cast<bf16_t*>(out); s.threads = threads;
+        std::vector<bf16_t*> ks, vs;
+        for (uintptr_t p : k_caches) ks.push_back(reinterpret_cast<bf16_t*>(p));
+        for (uintptr_t p : v_caches) vs.push_back(reinterpret_cast<bf16_t*>(p));
+        py::gil_scoped_release release;
+        decoder_stack_decode(layers, s, ks, vs);
+      },
+      py::arg("layers"), py::arg("x"), py::arg("B"), py::arg("cos"), py::arg("sin"), py::arg("rope_stride"),
+      py::arg("k_caches"), py::arg("v_caches"), py::arg("kv_seq"), py::arg("kv_tok"), py::arg("kv_head"),
+      py::arg("pos"), py::arg("out"), py::arg("threads"),
+      "Every layer of a decoder stack in turn (validated by hinabench.kernels_layer.PreparedStack): layer i "
+      "appends at `pos` of k_caches[i], v_caches[i] (one geometry for all).");
+  m.def(
       "decoder_layer_profile",
       [](bool on) {
         LayerProfile& p = layer_profile();

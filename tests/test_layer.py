@@ -160,6 +160,27 @@ def test_decode_step_on_random_shapes(B, pos, E, k, heads, d, qk, norm_topk, see
     check(lay, PATHS[-1] if "amx-emulated" not in PATHS else "amx-emulated", B, pos, seed=seed + 1, drawn=True)
 
 
+@pytest.mark.parametrize("isa", [PATHS[0], PATHS[-1]])
+def test_a_stack_is_its_layers_in_turn(isa):
+    """PreparedStack: the same bits as each layer called in turn, each appending to its own cache; caches
+    of another geometry, or too few, are refused."""
+    from hinabench.kernels_layer import PreparedStack
+    lays = [Layer(128, 64, 8, 2, 8, 2, 32, qk_norm=True, seed=s) for s in range(3)]
+    prepared = [lay.prepare(isa) for lay in lays]
+    x, cos, sin, _, _ = step_inputs(lays[0], 2, 6, 9)
+    caches = [step_inputs(lays[0], 2, 6, 9, seed=10 + i)[3:] for i in range(3)]
+    mine = [(k.clone(), v.clone()) for k, v in caches]
+    h = x
+    for p, (k, v) in zip(prepared, caches):
+        h = p(h, cos, sin, k, v, 6)
+    out = PreparedStack(prepared)(x, cos, sin, [k for k, _ in mine], [v for _, v in mine], 6)
+    assert torch.equal(out, h) and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(mine, caches))
+    with pytest.raises(ValueError, match="one K and one V cache per layer"):
+        PreparedStack(prepared)(x, cos, sin, [k for k, _ in mine][:2], [v for _, v in mine][:2], 6)
+    with pytest.raises(ValueError, match="must match the first K cache"):
+        PreparedStack(prepared)(x, cos, sin, [k for k, _ in mine], [v for _, v in mine][:2] + [mine[2][1][:, :, :8]], 6)
+
+
 def test_hostile_inputs_are_clear_errors():
     lay = Layer(64, 32, 8, 2, 4, 2, 16, qk_norm=True)
     layer = lay.prepare("scalar")
@@ -210,8 +231,9 @@ def tiny(kind: str):
 @pytest.mark.parametrize("kind", ["qwen3", "mixtral"])
 def test_fused_engine_decodes_as_transformers_layers_do(kind, monkeypatch):
     """hina+fused against hina+l+a (the same kernels with transformers' own glue), teacher-forced step by step:
-    the logits agree (transformers' bf16 roundings are the native layer's), one native call per layer and
-    decode step, prefill on the layers' own forward; and back."""
+    the logits agree (transformers' bf16 roundings are the native layer's); a decode step is one native call
+    for the whole stack, or, where the model's forward must run (positions given), one per layer; prefill
+    on the layers' own forward; and back."""
     from hinabench import kernels_layer
     from hinabench.e2e import dropin_layer
     from hinabench.e2e import measure as M
@@ -219,27 +241,40 @@ def test_fused_engine_decodes_as_transformers_layers_do(kind, monkeypatch):
     ids = torch.randint(0, 128, (1, 20), generator=torch.Generator().manual_seed(3))
     M.set_engine(model, "hina+l+a", "eager", "sdpa")
     ref = M._decode_logits(model, ids, 10)
-    calls = []
-    real = kernels_layer.PreparedLayer.__call__
-    monkeypatch.setattr(kernels_layer.PreparedLayer, "__call__", lambda self, *a, **kw: calls.append(a[-1]) or real(self, *a, **kw))
+    calls = {"stack": [], "layer": []}
+    for cls, key in ((kernels_layer.PreparedStack, "stack"), (kernels_layer.PreparedLayer, "layer")):
+        real = cls.__call__
+        monkeypatch.setattr(cls, "__call__", lambda self, *a, _r=real, _k=key, **kw: calls[_k].append(a[-1]) or _r(self, *a, **kw))
     assert M.set_engine(model, "hina+fused", "eager", "sdpa") == "experts=hina attn=hina linear=hina layer=hina"
     got = M._decode_logits(model, ids, 10)
     assert rel_err(got, ref) <= 5e-3, rel_err(got, ref)
-    assert calls == [p for p in range(10, 20) for _ in range(2)]     # every layer, every step, at its position
+    assert calls == {"stack": list(range(10, 20)), "layer": []}     # one call a step, at its position
     prepared = [layer._hina_layer for layer in model.model.layers]
+    stack = model.model._hina_stack
+    assert stack.layers == prepared
     M._decode_logits(model, ids, 2)
     assert [layer._hina_layer for layer in model.model.layers] == prepared   # the weights checked once, not per step
+    assert model.model._hina_stack is stack
     o = model.model.layers[1].self_attn.o_proj
     o.weight = torch.nn.Parameter(o.weight.detach().clone())                # transformers' tensor replaced:
     M._decode_logits(model, ids, 2)                                         # the next generation reads the new one
     assert model.model.layers[0]._hina_layer is prepared[0] and model.model.layers[1]._hina_layer is not prepared[1]
     assert model.model.layers[1]._hina_layer.reads(*dropin_layer._weights(model.model.layers[1]))
+    assert model.model._hina_stack.layers[1] is model.model.layers[1]._hina_layer
+    # positions given: transformers' model forward, each layer's step one native call
+    calls["stack"].clear()
+    with torch.inference_mode():
+        cache = M.new_cache(model)
+        model(input_ids=ids[:, :10], past_key_values=cache, use_cache=True)
+        per_layer = torch.stack([model(input_ids=ids[:, t:t + 1], position_ids=torch.tensor([[t]]), past_key_values=cache,
+                                       use_cache=True).logits[0, -1].float() for t in range(10, 20)])
+    assert rel_err(per_layer, ref) <= 5e-3 and calls["stack"] == [] and calls["layer"] == [p for p in range(10, 20) for _ in range(2)]
     # two sequences at once: the same logits as each alone on hina+l+a's path (rotary tables of one row shared)
     two = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(4))
     fused = batch_steps(model, two, 4)
     M.set_engine(model, "hina+l+a", "eager", "sdpa")
     assert rel_err(fused, batch_steps(model, two, 4)) <= 5e-3
-    assert not any("forward" in layer.__dict__ for layer in model.model.layers)
+    assert not any("forward" in m.__dict__ for m in [model.model, *model.model.layers])
 
 
 @torch.inference_mode()

@@ -1,23 +1,26 @@
-"""Each decoder layer's decode step as one native call: engine `hina+fused`; this file is the patch.
+"""The decoder's decode step as one native call: engine `hina+fused`; this file is the patch.
 
 Why: at batch 1 the HiNa kernels of a Qwen3-30B-A3B layer take ~4.0 ms on 2 cores of the AMX Xeon and
 the layer under `hina+l+a` ~5.0: the rest is transformers' Python around them (the norms, rotary, views,
-the router, the drop-ins' own wrappers), which no kernel wins back. Here the decoder layer's forward is
-replaced, instance by instance, by one call of hinabench.kernels_layer (the same kernels, and the glue
-between them in C++, transformers' bf16 roundings kept). transformers keeps everything else: the
-embedding, the rotary tables, the KV cache object (dropin_cache.py's buffers, written in place), the
-masks, the final norm and the LM head (`hina+l`'s linear kernel), generation. Anything but a decode step
-of a model whose layer it knows (prefill, a mask, a cache without room, a sliding window shorter than the
-cache) runs the layer's own forward, i.e. `hina+l+a`.
+the router, the drop-ins' own wrappers), which no kernel wins back, and a decode step's Python runs with
+its caches cold (every layer streams ~100 MB through them). Here the decoder model's forward is replaced
+for decode steps by transformers' embedding and rotary tables, one call of hinabench.kernels_layer's
+PreparedStack for every layer (the same kernels, and the glue between them in C++, transformers' bf16
+roundings kept), and transformers' final norm; a step the model cannot take whole (a padding mask, outputs
+asked for, positions given) runs transformers' forward with each decoder layer's step as one native call,
+and anything else (prefill, a sliding window shorter than the cache) the layer's own forward, i.e.
+`hina+l+a`. transformers keeps the KV cache object (dropin_cache.py's buffers, written in place), the LM
+head (`hina+l`'s linear kernel) and generation.
 """
 import types
 import weakref
 
 import torch
+from transformers.modeling_outputs import MoeModelOutputWithPast
 
 from hinabench.e2e.dropin_cache import AppendLayer
 from hinabench.kernels import moe_ffn_prepare
-from hinabench.kernels_layer import decoder_layer_prepare
+from hinabench.kernels_layer import PreparedStack, decoder_layer_prepare
 
 # the routers' arithmetic, by model type (engines.FUSED_MODEL_TYPES): norm_topk (the top-k weights over their
 # sum), topk_bf16 (rounded to bf16)
@@ -48,6 +51,14 @@ def _prepare(layer, cfg):
         top_k=cfg.num_experts_per_tok, sm_scale=a.scaling, **ROUTERS[cfg.model_type](cfg))
 
 
+def _prepared(layer):
+    """The layer's prepared call, made again if transformers' tensors changed (checked once per cache)."""
+    p = layer.__dict__.get("_hina_layer")
+    if p is None or not p.reads(*_weights(layer)):
+        p = layer._hina_layer = _prepare(layer, layer.self_attn.config)
+    return p
+
+
 def hina_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                        use_cache=False, position_embeddings=None, **kwargs):
     B, n, H = hidden_states.shape
@@ -58,29 +69,74 @@ def hina_layer_forward(self, hidden_states, attention_mask=None, position_ids=No
         return type(self).forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                   past_key_values=past_key_values, use_cache=use_cache,
                                   position_embeddings=position_embeddings, **kwargs)
-    # the weights checked once per cache (a generation), the layer prepared again if transformers' tensors changed
-    layer, seen = self.__dict__.get("_hina_layer"), self.__dict__.get("_hina_seen")
+    seen = self.__dict__.get("_hina_seen")   # the weights checked once per cache (a generation), not per step
     if seen is None or seen() is not past_key_values:
-        if layer is None or not layer.reads(*_weights(self)):
-            layer = self._hina_layer = _prepare(self, self.self_attn.config)
+        _prepared(self)
         self._hina_seen = weakref.ref(past_key_values)
     keys, values, pos = cache.reserve(1)
     cos, sin = (t.reshape(-1, t.shape[-1]).expand(B, -1) for t in position_embeddings)   # [1 or B, 1, d] -> [B, d]
-    out = layer(hidden_states.view(B, H), cos, sin, keys, values, pos)
+    out = self._hina_layer(hidden_states.view(B, H), cos, sin, keys, values, pos)
     cache.commit(1, views=False)
     return out.view(B, 1, H)
 
 
+def _stack_caches(model, input_ids, attention_mask, position_ids, cache, inputs_embeds, kwargs):
+    """The cache's layers when this call is a decode step the stack can take whole, else None."""
+    if (input_ids is None or inputs_embeds is not None or position_ids is not None or input_ids.dim() != 2
+            or input_ids.shape[1] != 1 or set(kwargs) - QUIET_KWARGS or any(kwargs.get(k) for k in OUTPUTS)):
+        return None
+    layers = getattr(cache, "layers", None)
+    if (layers is None or len(layers) != len(model.layers) or model.config.num_hidden_layers != len(model.layers)
+            or not all(type(c) is AppendLayer and c.is_initialized and c.buffers is not None for c in layers)):
+        return None
+    pos, window = layers[0].length, model.config.sliding_window
+    if any(c.length != pos for c in layers) or (window is not None and pos >= window):
+        return None
+    cp = kwargs.get("cache_position")
+    if (cp is not None and int(cp.reshape(-1)[0]) != pos) or (attention_mask is not None and not bool(attention_mask.all())):
+        return None
+    return layers
+
+
+OUTPUTS = ("output_router_logits", "output_attentions", "output_hidden_states")
+QUIET_KWARGS = set(OUTPUTS) | {"return_dict", "cache_position"}
+
+
+def hina_model_forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                       inputs_embeds=None, use_cache=None, **kwargs):
+    caches = _stack_caches(self, input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, kwargs)
+    if caches is None:
+        return type(self).forward(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                  past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                                  **kwargs)
+    seen = self.__dict__.get("_hina_seen")   # the layers' weights checked once per cache, as a layer's are
+    if seen is None or seen() is not past_key_values:
+        layers = [_prepared(layer) for layer in self.layers]
+        stack = self.__dict__.get("_hina_stack")
+        if stack is None or any(a is not b for a, b in zip(stack.layers, layers)):
+            self._hina_stack = PreparedStack(layers)
+        self._hina_seen = weakref.ref(past_key_values)
+    B, pos = input_ids.shape[0], caches[0].length
+    bufs = [c.reserve(1) for c in caches]
+    hidden = self.embed_tokens(input_ids)
+    cos, sin = (t.reshape(-1, t.shape[-1]).expand(B, -1)
+                for t in self.rotary_emb(hidden, torch.full((1, 1), pos, dtype=torch.long)))
+    out = self._hina_stack(hidden.view(B, -1), cos, sin, [b[0] for b in bufs], [b[1] for b in bufs], pos)
+    for c in caches:
+        c.commit(1, views=False)
+    return MoeModelOutputWithPast(last_hidden_state=self.norm(out.view(B, 1, -1)), past_key_values=past_key_values)
+
+
 def use_hina_layer(model, on: bool = True):
-    """Every decoder layer's decode step as one native call (on=False: the layers' own forward again).
-    Raises NotImplementedError for a model whose decoder layer this file does not know."""
+    """The decoder's decode steps as one native call (the model's forward), or each layer's as one where
+    the step is not the model's alone (on=False: transformers' forwards again). Raises NotImplementedError
+    for a model whose decoder layer this file does not know."""
     cfg = model.config
-    for layer in model.model.layers:
+    if on and cfg.model_type not in ROUTERS:
+        raise NotImplementedError(f"hina+fused knows the decoder layers of {', '.join(ROUTERS)}, not {cfg.model_type}")
+    for mod, fwd in [(layer, hina_layer_forward) for layer in model.model.layers] + [(model.model, hina_model_forward)]:
         if on:
-            if cfg.model_type not in ROUTERS:
-                raise NotImplementedError(f"hina+fused knows the decoder layers of {', '.join(ROUTERS)}, not "
-                                          f"{cfg.model_type}")
-            layer.forward = types.MethodType(hina_layer_forward, layer)
-        elif "forward" in layer.__dict__:
-            del layer.forward
+            mod.forward = types.MethodType(fwd, mod)
+        elif "forward" in mod.__dict__:
+            del mod.forward
     return model

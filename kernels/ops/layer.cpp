@@ -193,4 +193,22 @@ void decoder_layer_decode(const DecoderLayer& L, const DecodeStep& s) {
   }
 }
 
+void decoder_stack_decode(const std::vector<const DecoderLayer*>& layers, const DecodeStep& step,
+                          const std::vector<bf16_t*>& k_caches, const std::vector<bf16_t*>& v_caches) {
+  if (layers.empty() || k_caches.size() != layers.size() || v_caches.size() != layers.size())
+    throw std::invalid_argument("decoder stack: one K and one V cache per layer, at least one layer");
+  const int64_t H = layers[0]->H;
+  for (const DecoderLayer* L : layers)
+    if (!L || L->H != H) throw std::invalid_argument("decoder stack: every layer must have the same H");
+  std::vector<bf16_t> ping(size_t(step.B * H)), pong(size_t(step.B * H));
+  DecodeStep s = step;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    s.k_cache = k_caches[i];
+    s.v_cache = v_caches[i];
+    s.out = i + 1 == layers.size() ? step.out : (i % 2 ? pong.data() : ping.data());
+    decoder_layer_decode(*layers[i], s);
+    s.x = s.out;
+  }
+}
+
 }  // namespace hina

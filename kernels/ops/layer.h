@@ -69,6 +69,11 @@ struct DecodeStep {
 // Throws std::invalid_argument for bad shapes (and what the kernels throw).
 void decoder_layer_decode(const DecoderLayer& layer, const DecodeStep& step);
 
+// Every layer of a decoder stack in turn (step.x into the first, each output into the next, the last into
+// step.out); layer i appends to k_caches[i] / v_caches[i], all with step's strides and position.
+void decoder_stack_decode(const std::vector<const DecoderLayer*>& layers, const DecodeStep& step,
+                          const std::vector<bf16_t*>& k_caches, const std::vector<bf16_t*>& v_caches);
+
 // Where the calls' time goes, summed over the calls made while `on` (hinabench.e2e.measure.block_timers):
 // seconds in the RMSNorms (input and post-attention), q/k/v, the q/k norms + rotary + the KV append,
 // attention, o, the router (logits, softmax, top-k), the experts, the residual adds; calls; and each
