@@ -55,7 +55,7 @@ def e2e(model_names, layers, prompt, gen, batch, engines, prefill, prefill_engin
         click.echo(f"# the INT8 experts (engine hina+l+a:int8): {n} lines of code, counted the same way")
         text, n = patch_text("dropin_layer.py")
         click.echo("\n" + text)
-        click.echo(f"# each decoder layer's decode step as one native call (engine hina+fused): {n} lines of code, "
+        click.echo(f"# the decoder's decode step as one native call (engine hina+fused): {n} lines of code, "
                    f"counted the same way")
         return
     if tables_from:
