@@ -18,6 +18,7 @@ import weakref
 import torch
 from transformers.modeling_outputs import MoeModelOutputWithPast
 
+from hinabench.e2e.dropin import fused_only
 from hinabench.e2e.dropin_cache import AppendLayer
 from hinabench.kernels import moe_ffn_prepare
 from hinabench.kernels_layer import PreparedStack, decoder_layer_prepare
@@ -28,24 +29,27 @@ ROUTERS = {"qwen3_moe": lambda cfg: dict(norm_topk=cfg.norm_topk_prob, topk_bf16
            "mixtral": lambda cfg: dict(norm_topk=True, topk_bf16=False)}
 
 
+def _qk_norms(attn):
+    """Qwen3's per-head q and k RMSNorm weights, or None, None (Mixtral has none)."""
+    return (attn.q_norm.weight, attn.k_norm.weight) if hasattr(attn, "q_norm") else (None, None)
+
+
 def _weights(layer):
     """The tensors the prepared layer reads, in PreparedLayer.weights' order (its `reads` compares them)."""
     a, mlp = layer.self_attn, layer.mlp
-    qk = (a.q_norm.weight, a.k_norm.weight) if hasattr(a, "q_norm") else ()
-    return (layer.input_layernorm.weight, layer.post_attention_layernorm.weight, *qk, a.q_proj.weight,
-            a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, mlp.gate.weight, mlp.experts.gate_up_proj,
-            mlp.experts.down_proj)
+    return tuple(w for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight, *_qk_norms(a),
+                             a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, mlp.gate.weight,
+                             mlp.experts.gate_up_proj, mlp.experts.down_proj) if w is not None)
 
 
 def _prepare(layer, cfg):
     a, mlp = layer.self_attn, layer.mlp
     ex = mlp.experts
-    if ex.has_bias or not ex.has_gate or ex.is_transposed or not ex.is_concatenated:
-        raise NotImplementedError("hina layer: fused [gate; up] expert weights without bias only")
-    qk = (a.q_norm.weight, a.k_norm.weight) if hasattr(a, "q_norm") else (None, None)
+    fused_only(ex)
+    q_norm, k_norm = _qk_norms(a)
     return decoder_layer_prepare(
         experts=moe_ffn_prepare(None, None, ex.down_proj, w13=ex.gate_up_proj), in_norm=layer.input_layernorm.weight,
-        post_norm=layer.post_attention_layernorm.weight, q_norm=qk[0], k_norm=qk[1], wq=a.q_proj.weight,
+        post_norm=layer.post_attention_layernorm.weight, q_norm=q_norm, k_norm=k_norm, wq=a.q_proj.weight,
         wk=a.k_proj.weight, wv=a.v_proj.weight, wo=a.o_proj.weight, router=mlp.gate.weight,
         h_q=cfg.num_attention_heads, h_kv=cfg.num_key_value_heads, eps=layer.input_layernorm.variance_epsilon,
         top_k=cfg.num_experts_per_tok, sm_scale=a.scaling, **ROUTERS[cfg.model_type](cfg))
