@@ -3,6 +3,7 @@
     layer = decoder_layer_prepare(experts=moe_ffn_prepare(...), in_norm=..., post_norm=..., wq=..., wk=...,
                                   wv=..., wo=..., router=..., h_q=32, h_kv=4, eps=1e-6, top_k=8, ...)
     out = layer(x, cos, sin, k_cache, v_cache, pos)
+    out = PreparedStack([layer0, layer1, ...])(x, cos, sin, k_caches, v_caches, pos)   # every layer, one call
 
 The layer is the Qwen3-MoE / Mixtral decoder layer as transformers writes it (RMSNorm, q/k/v, Qwen3's
 per-head q/k RMSNorm when q_norm and k_norm are given, rotary, the KV append, attention, o, the residual,
