@@ -205,6 +205,18 @@ void register_attention(py::module_& m) {
   });
 }
 
+// A decode step's fields from the bindings' arguments (the caches' addresses are the caller's to set).
+DecodeStep decode_step(uintptr_t x, int64_t B, uintptr_t cos, uintptr_t sin, int64_t rope_stride, int64_t kv_seq,
+                       int64_t kv_tok, int64_t kv_head, int64_t pos, uintptr_t out, int threads) {
+  DecodeStep s;
+  s.x = reinterpret_cast<const bf16_t*>(x); s.B = B;
+  s.cos = reinterpret_cast<const bf16_t*>(cos); s.sin = reinterpret_cast<const bf16_t*>(sin);
+  s.rope_stride = rope_stride;
+  s.kv_seq = kv_seq; s.kv_tok = kv_tok; s.kv_head = kv_head; s.pos = pos;
+  s.out = reinterpret_cast<bf16_t*>(out); s.threads = threads;
+  return s;
+}
+
 // One decoder layer's decode step (ops/layer.h): DecoderLayer(**fields) once per layer (hinabench/
 // kernels_layer.py fills it from checked tensors), then decoder_layer_decode per step.
 void register_layer(py::module_& m) {
@@ -252,13 +264,8 @@ void register_layer(py::module_& m) {
       [](const DecoderLayer& L, uintptr_t x, int64_t B, uintptr_t cos, uintptr_t sin, int64_t rope_stride,
          uintptr_t k_cache, uintptr_t v_cache, int64_t kv_seq, int64_t kv_tok, int64_t kv_head, int64_t pos,
          uintptr_t out, int threads) {
-        DecodeStep s;
-        s.x = reinterpret_cast<const bf16_t*>(x); s.B = B;
-        s.cos = reinterpret_cast<const bf16_t*>(cos); s.sin = reinterpret_cast<const bf16_t*>(sin);
-        s.rope_stride = rope_stride;
+        DecodeStep s = decode_step(x, B, cos, sin, rope_stride, kv_seq, kv_tok, kv_head, pos, out, threads);
         s.k_cache = reinterpret_cast<bf16_t*>(k_cache); s.v_cache = reinterpret_cast<bf16_t*>(v_cache);
-        s.kv_seq = kv_seq; s.kv_tok = kv_tok; s.kv_head = kv_head; s.pos = pos;
-        s.out = reinterpret_cast<bf16_t*>(out); s.threads = threads;
         py::gil_scoped_release release;
         decoder_layer_decode(L, s);
       },
@@ -272,12 +279,7 @@ void register_layer(py::module_& m) {
       [](std::vector<const DecoderLayer*> layers, uintptr_t x, int64_t B, uintptr_t cos, uintptr_t sin,
          int64_t rope_stride, std::vector<uintptr_t> k_caches, std::vector<uintptr_t> v_caches, int64_t kv_seq,
          int64_t kv_tok, int64_t kv_head, int64_t pos, uintptr_t out, int threads) {
-        DecodeStep s;
-        s.x = reinterpret_cast<const bf16_t*>(x); s.B = B;
-        s.cos = reinterpret_cast<const bf16_t*>(cos); s.sin = reinterpret_cast<const bf16_t*>(sin);
-        s.rope_stride = rope_stride;
-        s.kv_seq = kv_seq; s.kv_tok = kv_tok; s.kv_head = kv_head; s.pos = pos;
-        s.out = reinterpret_cast<bf16_t*>(out); s.threads = threads;
+        const DecodeStep s = decode_step(x, B, cos, sin, rope_stride, kv_seq, kv_tok, kv_head, pos, out, threads);
         std::vector<bf16_t*> ks, vs;
         for (uintptr_t p : k_caches) ks.push_back(reinterpret_cast<bf16_t*>(p));
         for (uintptr_t p : v_caches) vs.push_back(reinterpret_cast<bf16_t*>(p));

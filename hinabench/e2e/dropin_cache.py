@@ -12,30 +12,23 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 
+def _viewed(name: str) -> property:
+    """AppendLayer.keys / .values: the view of its buffers' first `length` positions, made when read (a native
+    append, dropin_layer.py, then costs one integer add per layer and step, not two views with cold caches)."""
+    def get(self):
+        if self._stale:
+            self._views()
+        return self.__dict__.get(name)
+
+    def put(self, t):
+        self.__dict__[name] = t
+    return property(get, put)
+
+
 class AppendLayer(DynamicLayer):
     _stale = False   # positions committed whose views (keys, values) are not made yet
-
-    # keys and values: the views of the buffers' first `length` positions, made when read (a native append,
-    # dropin_layer.py, then costs one integer add per layer and step, not two views with the caches cold)
-    @property
-    def keys(self):
-        if self._stale:
-            self._views()
-        return self.__dict__.get("_keys")
-
-    @keys.setter
-    def keys(self, t):
-        self.__dict__["_keys"] = t
-
-    @property
-    def values(self):
-        if self._stale:
-            self._views()
-        return self.__dict__.get("_values")
-
-    @values.setter
-    def values(self, t):
-        self.__dict__["_values"] = t
+    keys = _viewed("_keys")
+    values = _viewed("_values")
 
     def _views(self):
         self._stale = False
