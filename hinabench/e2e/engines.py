@@ -6,8 +6,8 @@
   hina+a        hina plus HiNa decode attention through transformers' attention interface (dropin_attention.py),
                 on a KV cache appended in place (dropin_cache.py) instead of DynamicLayer's torch.cat per step
   hina+l+a      every HiNa kernel: the experts, the dense projections and decode attention
-  hina+fused    hina+l+a with each decoder layer's decode step as one native call (dropin_layer.py): the same
-                kernels, the glue between them (norms, rotary, the router's top-k, the residuals) in C++
+  hina+fused    hina+l+a with the decoder's decode step as one native call (dropin_layer.py): the same kernels,
+                the glue between them (norms, rotary, the router's top-k, the residuals) in C++
   hina+l+a:int8 hina+l+a with the experts quantized to INT8 once (dropin_int8.py: group-wise W8A8, the bytes
                 class of llama.cpp's Q8_0)
   vllm          vLLM-CPU on the same checkpoint, in the `vllm` environment (vllm_run.py)
@@ -26,7 +26,7 @@ IN_PROCESS = ("hf", "hina", "hina+l", "hina+a", "hina+l+a", "hina+fused", "hina+
 HINA = ("hina", "hina+l", "hina+a", "hina+l+a", "hina+fused", "hina+l+a:int8")
 WITH_LINEAR = ("hina+l", "hina+l+a", "hina+fused", "hina+l+a:int8")
 WITH_ATTENTION = ("hina+a", "hina+l+a", "hina+fused", "hina+l+a:int8")
-FUSED = ("hina+fused",)     # each decoder layer's decode step as one native call (dropin_layer.py)
+FUSED = ("hina+fused",)     # the decoder's decode step as one native call (dropin_layer.py)
 FUSED_MODEL_TYPES = ("qwen3_moe", "mixtral")   # the decoder layers it knows (dropin_layer.ROUTERS)
 INT8 = ("hina+l+a:int8",)   # the experts quantized (dropin_int8.py)
 # in their own env and process, each by its script beside this file (run._run_peer): engine -> (env, script)
@@ -38,7 +38,7 @@ DESCRIPTIONS = {
     "hina+l": "hina + the dense projections, router and LM head on the HiNa linear kernel (dropin_linear.py), bf16",
     "hina+a": "hina + HiNa decode attention via transformers' AttentionInterface (dropin_attention.py) on a KV cache appended in place (dropin_cache.py), bf16",
     "hina+l+a": "hina + the linear kernel (dropin_linear.py) + HiNa decode attention (dropin_attention.py, dropin_cache.py), bf16",
-    "hina+fused": "hina+l+a with each decoder layer's decode step as one native call (dropin_layer.py), bf16",
+    "hina+fused": "hina+l+a with the decoder's decode step as one native call (dropin_layer.py), bf16",
     "hina+l+a:int8": "hina+l+a with the experts quantized to INT8 once (dropin_int8.py: group 128, W8A8), bf16 elsewhere",
     "vllm": "vLLM-CPU (bf16, eager, its own process and env)",
     "llamacpp:bf16": "llama.cpp via llama-cpp-python, GGUF BF16 of the same weights",
