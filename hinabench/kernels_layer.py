@@ -52,8 +52,8 @@ class PreparedLayer(_Prepared):
                  v_cache: torch.Tensor, pos: int, *, threads: int | None = None) -> torch.Tensor:
         B = _check_step(x, cos, sin, [k_cache], [v_cache], pos, self.H, self.h_kv, self.d)
         out = torch.empty(B, self.H, dtype=torch.bfloat16)
-        self._mod.decoder_layer_decode(self._call, x.data_ptr(), B, cos.data_ptr(), sin.data_ptr(), cos.stride(0),
-                                       k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(2),
+        self._mod.decoder_stack_decode([self._call], x.data_ptr(), B, cos.data_ptr(), sin.data_ptr(), cos.stride(0),
+                                       [k_cache.data_ptr()], [v_cache.data_ptr()], k_cache.stride(0), k_cache.stride(2),
                                        k_cache.stride(1), int(pos), out.data_ptr(), _threads(threads))
         return out
 

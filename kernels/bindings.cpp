@@ -205,7 +205,7 @@ void register_attention(py::module_& m) {
   });
 }
 
-// A decode step's fields from the bindings' arguments (the caches' addresses are the caller's to set).
+// A decode step's fields from the binding's arguments (the caches' addresses are the caller's to set).
 DecodeStep decode_step(uintptr_t x, int64_t B, uintptr_t cos, uintptr_t sin, int64_t rope_stride, int64_t kv_seq,
                        int64_t kv_tok, int64_t kv_head, int64_t pos, uintptr_t out, int threads) {
   DecodeStep s;
@@ -217,8 +217,8 @@ DecodeStep decode_step(uintptr_t x, int64_t B, uintptr_t cos, uintptr_t sin, int
   return s;
 }
 
-// One decoder layer's decode step (ops/layer.h): DecoderLayer(**fields) once per layer (hinabench/
-// kernels_layer.py fills it from checked tensors), then decoder_layer_decode per step.
+// Decode steps of decoder layers (ops/layer.h): DecoderLayer(**fields) once per layer (hinabench/
+// kernels_layer.py fills it from checked tensors), then decoder_stack_decode per step over one layer or many.
 void register_layer(py::module_& m) {
   py::class_<DecoderLayer>(m, "DecoderLayer", py::module_local(),
       "The weights and shapes of one decoder layer (kernels/ops/layer.h); pointers as addresses.")
@@ -259,21 +259,6 @@ void register_layer(py::module_& m) {
         }
         return L;
       }), py::arg("experts"));
-  m.def(
-      "decoder_layer_decode",
-      [](const DecoderLayer& L, uintptr_t x, int64_t B, uintptr_t cos, uintptr_t sin, int64_t rope_stride,
-         uintptr_t k_cache, uintptr_t v_cache, int64_t kv_seq, int64_t kv_tok, int64_t kv_head, int64_t pos,
-         uintptr_t out, int threads) {
-        DecodeStep s = decode_step(x, B, cos, sin, rope_stride, kv_seq, kv_tok, kv_head, pos, out, threads);
-        s.k_cache = reinterpret_cast<bf16_t*>(k_cache); s.v_cache = reinterpret_cast<bf16_t*>(v_cache);
-        py::gil_scoped_release release;
-        decoder_layer_decode(L, s);
-      },
-      py::arg("layer"), py::arg("x"), py::arg("B"), py::arg("cos"), py::arg("sin"), py::arg("rope_stride"),
-      py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_seq"), py::arg("kv_tok"), py::arg("kv_head"),
-      py::arg("pos"), py::arg("out"), py::arg("threads"),
-      "One decoder layer's decode step on raw buffers (validated by hinabench.kernels_layer): x, out bf16 "
-      "[B, H]; the new K/V written at `pos` of the caches, attention over [0, pos].");
   m.def(
       "decoder_stack_decode",
       [](std::vector<const DecoderLayer*> layers, uintptr_t x, int64_t B, uintptr_t cos, uintptr_t sin,
