@@ -626,3 +626,9 @@ def test_peer_targets_over_several_runs_take_the_median_of_each_runs_ratio():
     assert "hina+l+a >= 1.2x vllm per layer: 1.30x -> PASS (4.00 vs 5.20 ms)" in text       # the newest run alone
     assert "hina+l+a >= 1.2x vllm per layer, over 3 runs of 20261204: median 1.30x (runs 1.10-1.30x) -> PASS" in text
     assert "over" not in tables(latest)     # without every run's rows: one run, no line over runs
+
+
+def test_a_ratio_that_would_print_as_its_bound_gets_a_third_decimal():
+    from hinabench.e2e.figures import _against
+    assert _against(1.196, 1.2) == "1.196" and _against(1.2, 1.2) == "1.20" and _against(1.31, 1.2) == "1.31"
+    assert _against(1.2504, 1.25) == "1.250" and _against(1.17, 1.25) == "1.17"
