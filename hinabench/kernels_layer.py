@@ -24,6 +24,7 @@ import torch
 
 from .kernels import PreparedMoe, _module, _Prepared, _threads, linear_prepare
 
+
 def _vector(name: str, t, n: int) -> None:
     if not (isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 and t.device.type == "cpu"
             and t.shape == (n,) and t.is_contiguous()):
@@ -50,12 +51,7 @@ class PreparedLayer(_Prepared):
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, pos: int, *, threads: int | None = None) -> torch.Tensor:
-        B = _check_step(x, cos, sin, [k_cache], [v_cache], pos, self.H, self.h_kv, self.d)
-        out = torch.empty(B, self.H, dtype=torch.bfloat16)
-        self._mod.decoder_stack_decode([self._call], x.data_ptr(), B, cos.data_ptr(), sin.data_ptr(), cos.stride(0),
-                                       [k_cache.data_ptr()], [v_cache.data_ptr()], k_cache.stride(0), k_cache.stride(2),
-                                       k_cache.stride(1), int(pos), out.data_ptr(), _threads(threads))
-        return out
+        return _decode(self, [self._call], x, cos, sin, [k_cache], [v_cache], pos, threads)
 
 
 class PreparedStack:
@@ -76,14 +72,19 @@ class PreparedStack:
                  pos: int, *, threads: int | None = None) -> torch.Tensor:
         if not (len(k_caches) == len(v_caches) == len(self.layers)):
             raise ValueError(f"one K and one V cache per layer ({len(self.layers)}), got {len(k_caches)} and {len(v_caches)}")
-        B = _check_step(x, cos, sin, k_caches, v_caches, pos, self.H, self.h_kv, self.d)
-        out = torch.empty(B, self.H, dtype=torch.bfloat16)
-        k0 = k_caches[0]
-        self._mod.decoder_stack_decode(self._calls, x.data_ptr(), B, cos.data_ptr(), sin.data_ptr(), cos.stride(0),
+        return _decode(self, self._calls, x, cos, sin, k_caches, v_caches, pos, threads)
+
+
+def _decode(prepared, calls, x, cos, sin, k_caches, v_caches, pos, threads) -> torch.Tensor:
+    """The step's tensors checked, then the native call over `calls` (one layer's, or a stack's)."""
+    B = _check_step(x, cos, sin, k_caches, v_caches, pos, prepared.H, prepared.h_kv, prepared.d)
+    out = torch.empty(B, prepared.H, dtype=torch.bfloat16)
+    k0 = k_caches[0]
+    prepared._mod.decoder_stack_decode(calls, x.data_ptr(), B, cos.data_ptr(), sin.data_ptr(), cos.stride(0),
                                        [k.data_ptr() for k in k_caches], [v.data_ptr() for v in v_caches],
                                        k0.stride(0), k0.stride(2), k0.stride(1), int(pos), out.data_ptr(),
                                        _threads(threads))
-        return out
+    return out
 
 
 def _check_step(x, cos, sin, k_caches, v_caches, pos, H: int, h_kv: int, d: int) -> int:

@@ -63,6 +63,11 @@ def _prepared(layer):
     return p
 
 
+def _rows(tables, B):
+    """transformers' rotary (cos, sin), [1 or B, 1, d], as [B, d] views (one row shared by every sequence)."""
+    return tuple(t.reshape(-1, t.shape[-1]).expand(B, -1) for t in tables)
+
+
 def hina_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                        use_cache=False, position_embeddings=None, **kwargs):
     B, n, H = hidden_states.shape
@@ -78,8 +83,7 @@ def hina_layer_forward(self, hidden_states, attention_mask=None, position_ids=No
         _prepared(self)
         self._hina_seen = weakref.ref(past_key_values)
     keys, values, pos = cache.reserve(1)
-    cos, sin = (t.reshape(-1, t.shape[-1]).expand(B, -1) for t in position_embeddings)   # [1 or B, 1, d] -> [B, d]
-    out = self._hina_layer(hidden_states.view(B, H), cos, sin, keys, values, pos)
+    out = self._hina_layer(hidden_states.view(B, H), *_rows(position_embeddings, B), keys, values, pos)
     cache.commit(1, views=False)
     return out.view(B, 1, H)
 
@@ -123,8 +127,7 @@ def hina_model_forward(self, input_ids=None, attention_mask=None, position_ids=N
     B, pos = input_ids.shape[0], caches[0].length
     bufs = [c.reserve(1) for c in caches]
     hidden = self.embed_tokens(input_ids)
-    cos, sin = (t.reshape(-1, t.shape[-1]).expand(B, -1)
-                for t in self.rotary_emb(hidden, torch.full((1, 1), pos, dtype=torch.long)))
+    cos, sin = _rows(self.rotary_emb(hidden, torch.full((1, 1), pos, dtype=torch.long)), B)
     out = self._hina_stack(hidden.view(B, -1), cos, sin, [b[0] for b in bufs], [b[1] for b in bufs], pos)
     for c in caches:
         c.commit(1, views=False)
