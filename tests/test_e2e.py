@@ -208,25 +208,35 @@ def test_every_dropin_at_once(name):
     assert not any("forward" in lin.__dict__ for lin in m.modules() if isinstance(lin, torch.nn.Linear))
 
 
+@pytest.mark.parametrize("engine", ["hina+l+a:int8", "hina+fused:int8"])
 @pytest.mark.parametrize("name", list(TINY))
-def test_int8_engine_quantizes_the_experts_once_and_keeps_transformers_bf16(name):
-    """hina+l+a:int8: the experts' int8 copies made at the first call beside transformers' bf16 parameters
-    (untouched: hf still reads them), validated at the INT8 tolerance; the scheme's error is the larger."""
+def test_int8_engine_quantizes_the_experts_once_and_keeps_transformers_bf16(name, engine):
+    """hina+l+a:int8 and hina+fused:int8: the experts' int8 copies made at the first call beside transformers'
+    bf16 parameters (untouched: hf still reads them), validated at the INT8 tolerance (prompt and decode steps);
+    the scheme's error is the larger. The fused engine's layers run on those same copies."""
     from hinabench.e2e import measure as M
+    from hinabench.e2e.dropin_int8 import int8_experts
+    from hinabench.e2e.engines import status
     from hinabench.kernels import PreparedMoe
     ck = C.checkpoint(name, 2)
+    if "fused" in engine and ck.config["model_type"] == "qwen2_moe":   # its shared expert: not in the native layer
+        assert status(engine, "qwen2_moe")[0] == "unsupported"
+        return
     ref = M.reference(ck, [C.prompt_ids(ck.config["vocab_size"], 1, 12, 1)], 8 << 30, echo=lambda *_: None)
     m = M.load(ck.path)
     experts = M.moe_blocks(m)[0]
     before = [e.gate_up_proj.data_ptr() for e in experts]
-    assert M.set_engine(m, "hina+l+a:int8", "eager", "sdpa") == "experts=hina-int8 attn=hina linear=hina"
-    v = M.validate(m, ref, M.logit_tolerance("hina+l+a:int8"))
+    assert M.set_engine(m, engine, "eager", "sdpa") == ("experts=hina-int8 attn=hina linear=hina"
+                                                        + (" layer=hina" if "fused" in engine else ""))
+    v = M.validate(m, ref, M.logit_tolerance(engine))
     assert v["ok"] and M.LOGIT_TOLERANCE_INT8 > M.LOGIT_TOLERANCE, v
-    assert all(isinstance(e._hina_int8, PreparedMoe) and e._hina_int8.weights[0].dtype == torch.int8 for e in experts)
+    copies = [int8_experts(e) for e in experts]
+    assert all(isinstance(c, PreparedMoe) and c.weights[0].dtype == torch.int8 for c in copies)
     assert [e.gate_up_proj.data_ptr() for e in experts] == before
-    copies = [e._hina_int8 for e in experts]
-    M.validate(m, ref, M.logit_tolerance("hina+l+a:int8"))
-    assert all(a is b for a, b in zip(copies, [e._hina_int8 for e in experts]))   # once
+    if "fused" in engine:
+        assert all(layer._hina_layer.experts is c for layer, c in zip(m.model.layers, copies))
+    M.validate(m, ref, M.logit_tolerance(engine))
+    assert all(a is int8_experts(e) for a, e in zip(copies, experts))   # once
     assert M.set_engine(m, "hf", "eager", "sdpa") == "experts=eager attn=sdpa"
     assert M.validate(m, ref)["ok"]
 
@@ -241,9 +251,9 @@ def test_show_patch_prints_the_dropin_and_its_line_count():
     assert 5 <= n <= 30
     n = int(r.output.rsplit("its KV cache appended in place (engines hina+a, hina+l+a): ", 1)[1].split()[0])
     assert "class AppendLayer(DynamicLayer)" in r.output and 10 <= n <= 80
-    n = int(r.output.rsplit("the INT8 experts (engine hina+l+a:int8): ", 1)[1].split()[0])
+    n = int(r.output.rsplit("the INT8 experts (engines hina+l+a:int8, hina+fused:int8): ", 1)[1].split()[0])
     assert 5 <= n <= 30
-    n = int(r.output.rsplit("one native call (engine hina+fused): ", 1)[1].split()[0])
+    n = int(r.output.rsplit("one native call (engines hina+fused, hina+fused:int8): ", 1)[1].split()[0])
     assert "def hina_model_forward" in r.output and 20 <= n <= 120
 
 
@@ -251,7 +261,8 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
     monkeypatch.setenv("HINABENCH_ENVS", str(tmp_path / "no-envs"))   # vllm/llamacpp: unavailable, said so
     out = tmp_path / "e2e.csv"
     r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1,2", "--prompt", "8", "--gen", "4", "--batch", "1,2",
-               "--engines", "hina,hf,hina+l,hina+a,hina+fused,hina+l+a:int8,vllm,llamacpp,ipex,kt", "--prefill", "16",
+               "--engines", "hina,hf,hina+l,hina+a,hina+fused,hina+l+a:int8,hina+fused:int8,vllm,llamacpp,ipex,kt",
+               "--prefill", "16",
                "--rounds", "1",
                "--out", str(out))
     assert r.exit_code == 0, r.output
@@ -259,9 +270,9 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
     by = {}
     for row in rows:
         by.setdefault(row["backend"], []).append(row)
-    assert set(by) == {"hina", "hf", "hina+l", "hina+a", "hina+fused", "hina+l+a:int8", "vllm", "llamacpp:bf16",
-                       "llamacpp:q8_0", "ipex", "kt"}
-    for eng in ("hina", "hf", "hina+l", "hina+fused", "hina+l+a:int8"):   # hina+fused: its native layer's timers
+    assert set(by) == {"hina", "hf", "hina+l", "hina+a", "hina+fused", "hina+l+a:int8", "hina+fused:int8", "vllm",
+                       "llamacpp:bf16", "llamacpp:q8_0", "ipex", "kt"}
+    for eng in ("hina", "hf", "hina+l", "hina+fused", "hina+l+a:int8", "hina+fused:int8"):   # fused: the native layer's timers
         dec = [x for x in by[eng] if x["phase"] == "decode"]
         assert len(dec) == 4 and all(x["status"] == "ok" and float(x["median_ms"]) > 0 for x in dec)
         assert all(0 < float(x["ffn_share"]) < 1 and float(x["tokens_per_s"]) > 0 for x in dec)
@@ -270,8 +281,10 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
         # where a step goes: transformers' RMSNorms and routers for all, the HiNa kernels' calls for hina's
         assert all(float(x["norm_ms"]) > 0 and float(x["router_ms"]) > 0 for x in dec)
         assert all((float(x["kernel_ms"]) > 0) if eng != "hf" else x["kernel_ms"] == "" for x in dec)
-    int8, bf16 = (float(next(x for x in by[e] if x["phase"] == "decode")["layer_bytes"]) for e in ("hina+l+a:int8", "hina"))
-    assert int8 < bf16 and float(by["hina+l+a:int8"][0]["tolerance"]) == 0.08      # its experts' bytes; its tolerance
+    int8, fint8, bf16 = (float(next(x for x in by[e] if x["phase"] == "decode")["layer_bytes"])
+                         for e in ("hina+l+a:int8", "hina+fused:int8", "hina"))
+    assert int8 == fint8 < bf16                                   # its experts' bytes; its tolerance
+    assert float(by["hina+l+a:int8"][0]["tolerance"]) == float(by["hina+fused:int8"][0]["tolerance"]) == 0.08
     assert all(x["status"] == "ok" and float(x["rel_err"]) < 0.03 for x in by["hina+l"])
     assert all(0 <= float(x["logprob_err"]) < 0.05 for e in ("hina", "hf", "hina+a") for x in by[e])
     dec = [x for x in by["hina+a"] if x["phase"] == "decode"]
@@ -279,6 +292,7 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
     # every in-process engine's decode path validated too: the prompt's last tokens as decode steps
     assert all(0 <= float(x["decode_rel_err"]) < 0.03 and "as decode steps" in x["validation"]
                for e in ("hina", "hf", "hina+a", "hina+fused") for x in by[e])
+    assert all(0 <= float(x["decode_rel_err"]) < 0.08 for x in by["hina+fused:int8"])
     fused = [x for x in by["hina+fused"] if x["phase"] == "decode"]
     assert len(fused) == 4 and all(x["status"] == "ok" and x["engine_impl"].endswith("layer=hina") for x in fused)
     assert all(0 < float(x["attn_share"]) < 1 for x in dec)
@@ -288,12 +302,13 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
         r = invoke("figure", fig, str(out), "--out", str(tmp_path / "figs"))
         assert r.exit_code == 0, (fig, r.output)
         assert (tmp_path / "figs" / f"{fig}.png").stat().st_size > 1000
-    assert "+m+a" in (tmp_path / "figs" / "fig14.txt").read_text()
+    assert "+m+a" in (tmp_path / "figs" / "fig14.txt").read_text() and "+fused" in (tmp_path / "figs" / "fig14.txt").read_text()
     r = invoke("e2e", "--tables", str(out))
     assert r.exit_code == 0, r.output
     assert "| tiny-qwen3 | hina | 1 | 1,2 |" in r.output and "hina >= 1.5x hf per layer" in r.output
-    assert "hina+l+a:int8 per layer against llamacpp:q8_0 (same bytes class; no target): n/a" in r.output
-    assert "hina+l+a:int8 >=" not in r.output                  # the BF16 engine's targets are not its own
+    for e in ("hina+l+a:int8", "hina+fused:int8"):
+        assert f"{e} per layer against llamacpp:q8_0 (same bytes class; no target): n/a" in r.output
+        assert f"{e} >=" not in r.output                       # the BF16 engine's targets are not its own
     assert "### Where a decode step goes" in r.output and "| tiny-qwen3 | 2 | hina+l | 1 |" in r.output
 
 

@@ -261,7 +261,8 @@ def test_fused_engine_decodes_as_transformers_layers_do(kind, monkeypatch):
     o.weight = torch.nn.Parameter(o.weight.detach().clone())                # transformers' tensor replaced:
     M._decode_logits(model, ids, 2)                                         # the next generation reads the new one
     assert model.model.layers[0]._hina_layer is prepared[0] and model.model.layers[1]._hina_layer is not prepared[1]
-    assert model.model.layers[1]._hina_layer.reads(*dropin_layer._weights(model.model.layers[1]))
+    ex = model.model.layers[1].mlp.experts
+    assert model.model.layers[1]._hina_layer.reads(*dropin_layer._weights(model.model.layers[1], (ex.gate_up_proj, ex.down_proj)))
     assert model.model._hina_stack.layers[1] is model.model.layers[1]._hina_layer
     # positions given: transformers' model forward, each layer's step one native call
     calls["stack"].clear()
@@ -277,6 +278,28 @@ def test_fused_engine_decodes_as_transformers_layers_do(kind, monkeypatch):
     M.set_engine(model, "hina+l+a", "eager", "sdpa")
     assert rel_err(fused, batch_steps(model, two, 4)) <= 5e-3
     assert not any("forward" in m.__dict__ for m in [model.model, *model.model.layers])
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "mixtral"])
+def test_fused_int8_engine_runs_the_int8_engines_experts_in_one_call(kind):
+    """hina+fused:int8: the same INT8 copies as hina+l+a:int8 (made once), the same logits at decode steps;
+    back on hina+fused the layers are prepared again on transformers' bf16 experts."""
+    from hinabench.e2e import measure as M
+    from hinabench.e2e.dropin_int8 import int8_experts
+    model = tiny(kind)
+    ids = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(5))
+    M.set_engine(model, "hina+l+a:int8", "eager", "sdpa")
+    ref = M._decode_logits(model, ids, 6)
+    copies = [int8_experts(layer.mlp.experts) for layer in model.model.layers]
+    assert M.set_engine(model, "hina+fused:int8", "eager", "sdpa").endswith("layer=hina")
+    got = M._decode_logits(model, ids, 6)
+    assert rel_err(got, ref) <= 5e-3, rel_err(got, ref)
+    assert [layer._hina_layer.experts for layer in model.model.layers] == copies
+    M.set_engine(model, "hina+fused", "eager", "sdpa")
+    bf16 = M._decode_logits(model, ids, 6)
+    assert all(layer._hina_layer.experts.weights[0].dtype == torch.bfloat16 for layer in model.model.layers)
+    M.set_engine(model, "hina+l+a", "eager", "sdpa")
+    assert rel_err(bf16, M._decode_logits(model, ids, 6)) <= 5e-3
 
 
 @torch.inference_mode()

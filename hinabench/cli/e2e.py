@@ -52,10 +52,10 @@ def e2e(model_names, layers, prompt, gen, batch, engines, prefill, prefill_engin
                    f"the same way")
         text, n = patch_text("dropin_int8.py")
         click.echo("\n" + text)
-        click.echo(f"# the INT8 experts (engine hina+l+a:int8): {n} lines of code, counted the same way")
+        click.echo(f"# the INT8 experts (engines hina+l+a:int8, hina+fused:int8): {n} lines of code, counted the same way")
         text, n = patch_text("dropin_layer.py")
         click.echo("\n" + text)
-        click.echo(f"# the decoder's decode step as one native call (engine hina+fused): {n} lines of code, "
+        click.echo(f"# the decoder's decode step as one native call (engines hina+fused, hina+fused:int8): {n} lines of code, "
                    f"counted the same way")
         return
     if tables_from:

@@ -1,4 +1,4 @@
-"""The decoder's decode step as one native call: engine `hina+fused`; this file is the patch.
+"""The decoder's decode step as one native call: engines `hina+fused` and `hina+fused:int8`; this file is the patch.
 
 Why: at batch 1 the HiNa kernels of a Qwen3-30B-A3B layer take ~4.0 ms on 2 cores of the AMX Xeon and
 the layer under `hina+l+a` ~5.0: the rest is transformers' Python around them (the norms, rotary, views,
@@ -10,7 +10,7 @@ roundings kept), and transformers' final norm; a step the model cannot take whol
 asked for, positions given) runs transformers' forward with each decoder layer's step as one native call,
 and anything else (prefill, a sliding window shorter than the cache) the layer's own forward, i.e.
 `hina+l+a`. transformers keeps the KV cache object (dropin_cache.py's buffers, written in place), the LM
-head (`hina+l`'s linear kernel) and generation.
+head (`hina+l`'s linear kernel) and generation. With int8=True the layers take dropin_int8.py's INT8 experts.
 """
 import types
 import weakref
@@ -20,6 +20,7 @@ from transformers.modeling_outputs import MoeModelOutputWithPast
 
 from hinabench.e2e.dropin import fused_only
 from hinabench.e2e.dropin_cache import AppendLayer
+from hinabench.e2e.dropin_int8 import int8_experts
 from hinabench.kernels import moe_ffn_prepare
 from hinabench.kernels_layer import PreparedStack, decoder_layer_prepare
 
@@ -34,21 +35,19 @@ def _qk_norms(attn):
     return (attn.q_norm.weight, attn.k_norm.weight) if hasattr(attn, "q_norm") else (None, None)
 
 
-def _weights(layer):
+def _weights(layer, experts):
     """The tensors the prepared layer reads, in PreparedLayer.weights' order (its `reads` compares them)."""
     a, mlp = layer.self_attn, layer.mlp
     return tuple(w for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight, *_qk_norms(a),
                              a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, mlp.gate.weight,
-                             mlp.experts.gate_up_proj, mlp.experts.down_proj) if w is not None)
+                             *experts) if w is not None)
 
 
-def _prepare(layer, cfg):
+def _prepare(layer, cfg, experts):
     a, mlp = layer.self_attn, layer.mlp
-    ex = mlp.experts
-    fused_only(ex)
     q_norm, k_norm = _qk_norms(a)
     return decoder_layer_prepare(
-        experts=moe_ffn_prepare(None, None, ex.down_proj, w13=ex.gate_up_proj), in_norm=layer.input_layernorm.weight,
+        experts=experts, in_norm=layer.input_layernorm.weight,
         post_norm=layer.post_attention_layernorm.weight, q_norm=q_norm, k_norm=k_norm, wq=a.q_proj.weight,
         wk=a.k_proj.weight, wv=a.v_proj.weight, wo=a.o_proj.weight, router=mlp.gate.weight,
         h_q=cfg.num_attention_heads, h_kv=cfg.num_key_value_heads, eps=layer.input_layernorm.variance_epsilon,
@@ -57,9 +56,13 @@ def _prepare(layer, cfg):
 
 def _prepared(layer):
     """The layer's prepared call, made again if transformers' tensors changed (checked once per cache)."""
-    p = layer.__dict__.get("_hina_layer")
-    if p is None or not p.reads(*_weights(layer)):
-        p = layer._hina_layer = _prepare(layer, layer.self_attn.config)
+    p, ex = layer.__dict__.get("_hina_layer"), layer.mlp.experts
+    moe = int8_experts(ex) if layer.__dict__.get("_hina_quant") else None   # the bf16 experts: transformers' own
+    if p is None or not p.reads(*_weights(layer, moe.weights if moe else (ex.gate_up_proj, ex.down_proj))):
+        if moe is None:
+            fused_only(ex)
+            moe = moe_ffn_prepare(None, None, ex.down_proj, w13=ex.gate_up_proj)
+        p = layer._hina_layer = _prepare(layer, layer.self_attn.config, moe)
     return p
 
 
@@ -134,14 +137,15 @@ def hina_model_forward(self, input_ids=None, attention_mask=None, position_ids=N
     return MoeModelOutputWithPast(last_hidden_state=self.norm(out.view(B, 1, -1)), past_key_values=past_key_values)
 
 
-def use_hina_layer(model, on: bool = True):
+def use_hina_layer(model, on: bool = True, int8: bool = False):
     """The decoder's decode steps as one native call (the model's forward), or each layer's as one where
-    the step is not the model's alone (on=False: transformers' forwards again). Raises NotImplementedError
-    for a model whose decoder layer this file does not know."""
+    the step is not the model's alone (on=False: transformers' forwards again); int8: on dropin_int8.py's
+    INT8 experts. Raises NotImplementedError for a model whose decoder layer this file does not know."""
     cfg = model.config
     if on and cfg.model_type not in ROUTERS:
         raise NotImplementedError(f"hina+fused knows the decoder layers of {', '.join(ROUTERS)}, not {cfg.model_type}")
     for mod, fwd in [(layer, hina_layer_forward) for layer in model.model.layers] + [(model.model, hina_model_forward)]:
+        mod._hina_quant = int8
         if on:
             mod.forward = types.MethodType(fwd, mod)
         elif "forward" in mod.__dict__:

@@ -10,6 +10,7 @@
                 the glue between them (norms, rotary, the router's top-k, the residuals) in C++
   hina+l+a:int8 hina+l+a with the experts quantized to INT8 once (dropin_int8.py: group-wise W8A8, the bytes
                 class of llama.cpp's Q8_0)
+  hina+fused:int8  hina+fused on the same INT8 experts
   vllm          vLLM-CPU on the same checkpoint, in the `vllm` environment (vllm_run.py)
   llamacpp:bf16, llamacpp:q8_0   a GGUF of the same weights (gguf_writer.py) through llama-cpp-python in
                 the `llamacpp` environment (llamacpp_run.py; batch 1 only)
@@ -19,16 +20,16 @@
 """
 from __future__ import annotations
 
-ENGINES = ("hina", "hf", "hina+l", "hina+a", "hina+l+a", "hina+fused", "hina+l+a:int8", "vllm", "llamacpp:bf16", "llamacpp:q8_0",
-           "ipex", "kt")
-IN_PROCESS = ("hf", "hina", "hina+l", "hina+a", "hina+l+a", "hina+fused", "hina+l+a:int8")
+ENGINES = ("hina", "hf", "hina+l", "hina+a", "hina+l+a", "hina+fused", "hina+l+a:int8", "hina+fused:int8", "vllm",
+           "llamacpp:bf16", "llamacpp:q8_0", "ipex", "kt")
+IN_PROCESS = ("hf", "hina", "hina+l", "hina+a", "hina+l+a", "hina+fused", "hina+l+a:int8", "hina+fused:int8")
 # the engines with the HiNa kernels, and which of the drop-ins each adds to the experts'
-HINA = ("hina", "hina+l", "hina+a", "hina+l+a", "hina+fused", "hina+l+a:int8")
-WITH_LINEAR = ("hina+l", "hina+l+a", "hina+fused", "hina+l+a:int8")
-WITH_ATTENTION = ("hina+a", "hina+l+a", "hina+fused", "hina+l+a:int8")
-FUSED = ("hina+fused",)     # the decoder's decode step as one native call (dropin_layer.py)
+HINA = ("hina", "hina+l", "hina+a", "hina+l+a", "hina+fused", "hina+l+a:int8", "hina+fused:int8")
+WITH_LINEAR = ("hina+l", "hina+l+a", "hina+fused", "hina+l+a:int8", "hina+fused:int8")
+WITH_ATTENTION = ("hina+a", "hina+l+a", "hina+fused", "hina+l+a:int8", "hina+fused:int8")
+FUSED = ("hina+fused", "hina+fused:int8")     # the decoder's decode step as one native call (dropin_layer.py)
 FUSED_MODEL_TYPES = ("qwen3_moe", "mixtral")   # the decoder layers it knows (dropin_layer.ROUTERS)
-INT8 = ("hina+l+a:int8",)   # the experts quantized (dropin_int8.py)
+INT8 = ("hina+l+a:int8", "hina+fused:int8")   # the experts quantized (dropin_int8.py)
 # in their own env and process, each by its script beside this file (run._run_peer): engine -> (env, script)
 PEERS = {"vllm": ("vllm", "vllm_run.py"), "llamacpp:bf16": ("llamacpp", "llamacpp_run.py"),
          "llamacpp:q8_0": ("llamacpp", "llamacpp_run.py"), "ipex": ("ipex", "ipex_run.py")}
@@ -40,6 +41,7 @@ DESCRIPTIONS = {
     "hina+l+a": "hina + the linear kernel (dropin_linear.py) + HiNa decode attention (dropin_attention.py, dropin_cache.py), bf16",
     "hina+fused": "hina+l+a with the decoder's decode step as one native call (dropin_layer.py), bf16",
     "hina+l+a:int8": "hina+l+a with the experts quantized to INT8 once (dropin_int8.py: group 128, W8A8), bf16 elsewhere",
+    "hina+fused:int8": "hina+fused on the INT8 experts of hina+l+a:int8 (dropin_layer.py, dropin_int8.py), bf16 elsewhere",
     "vllm": "vLLM-CPU (bf16, eager, its own process and env)",
     "llamacpp:bf16": "llama.cpp via llama-cpp-python, GGUF BF16 of the same weights",
     "llamacpp:q8_0": "llama.cpp via llama-cpp-python, GGUF Q8_0 of the same weights",

@@ -20,7 +20,8 @@ from .engines import HINA, INT8
 NUM = ("layers", "batch_size", "prompt_tokens", "gen_tokens", "full_layers", "median_ms", "mad_ms", "tokens_per_s",
        "ffn_share", "attn_share", "ffn_ms", "attn_ms", "ttft_ms", "tpot_ms", "read_gbps", "layer_bytes",
        "step_bytes", "rel_err", "samples")
-ABLATION = (("baseline", "hf"), ("+m", "hina"), ("+m+l", "hina+l"), ("+m+a", "hina+a"), ("+m+l+a", "hina+l+a"))
+ABLATION = (("baseline", "hf"), ("+m", "hina"), ("+m+l", "hina+l"), ("+m+a", "hina+a"), ("+m+l+a", "hina+l+a"),
+            ("+fused", "hina+fused"))
 
 
 def e2e_points(df):
@@ -302,7 +303,7 @@ def fig14(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     notes = [f"{a['model']} {a['step']}: {a['why'][:150]}" for a in ab if not a["speedup"] and a["step"] != "baseline" and a["why"]]
     cap = _caption(df, "baseline = transformers' default experts (hf); +m = HiNa expert FFN via ExpertsInterface; "
                        "+m+l = also the dense projections and LM head on the HiNa linear kernel (not in the paper's ablation); +m+a = HiNa decode attention; "
-                       "+m+l+a = both.", notes)
+                       "+m+l+a = both; +fused = +m+l+a with the decode step as one native call (the glue between the kernels in C++).", notes)
     fig.text(0.01, 0.01, cap, fontsize=6, va="bottom")
     fig.tight_layout(rect=(0, 0.04 + 0.025 * len(notes), 1, 0.95))
     return _save(fig, "fig14", results, out_dir, cap, df)

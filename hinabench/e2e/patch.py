@@ -27,7 +27,7 @@ def code_lines(source: str) -> int:
 def patch_text(name: str = "dropin.py") -> tuple[str, int]:
     """A drop-in file's text and its code lines: dropin.py (the expert FFN: the paper's "about 30 lines"),
     dropin_attention.py (decode attention, engine hina+a), dropin_cache.py (its KV cache appended in place),
-    dropin_int8.py (the INT8 experts, engine hina+l+a:int8), dropin_layer.py (the decoder layer's decode step as
-    one native call, engine hina+fused)."""
+    dropin_int8.py (the INT8 experts, engines hina+l+a:int8 and hina+fused:int8), dropin_layer.py (the decoder
+    layer's decode step as one native call, engines hina+fused and hina+fused:int8)."""
     src = Path(__file__).with_name(name).read_text()
     return src, code_lines(src)
