@@ -319,8 +319,10 @@ def test_fig13_draws_the_model_with_the_most_batch_sizes(tmp_path):
                  prompt_tokens=128, median_ms=10.0 * b, mad_ms=0.1, tokens_per_s=100.0 * b, ffn_share=0.5,
                  attn_share=0.1)
             for m, bs in (("mixtral-8x7b", (1,)), ("qwen3-30b-a3b", (1, 4, 16))) for eng in ("hina", "hf") for b in bs]
+    # and of its depths the one with the most batch sizes (a deeper run at batch 1 alone is not Figure 13's)
+    rows += [dict(rows[-1], layers=6, batch_size=1)]
     fig13([], str(tmp_path), frame=pd.DataFrame(rows))
-    assert (tmp_path / "fig13.txt").read_text().startswith("qwen3-30b-a3b")
+    assert (tmp_path / "fig13.txt").read_text().startswith("qwen3-30b-a3b with 2 layers")
 
 
 def test_fig13_from_a_folder_of_several_runs_takes_each_engines_newest_row(tmp_path):

@@ -199,17 +199,23 @@ def fig13(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     nb = dec.groupby("model", sort=False)["batch_size"].nunique()
     model = nb.idxmax()
     dec = dec[dec["model"] == model]
-    depth = int(dec["layers"].max())
+    nd = dec.groupby("layers")["batch_size"].nunique()   # the depth with the most batch sizes, the deepest on a tie
+    depth = int(nd[nd == nd.max()].index.max())
     dec = dec[dec["layers"] == depth]
     # one row per engine and batch: the newest, where a folder holds several runs (a bar or point each)
     if "timestamp" in dec:
         dec = dec.sort_values("timestamp", kind="stable")
     dec = dec.drop_duplicates(["backend", "batch_size"], keep="last").sort_index()
+    # the engines measured at several batch sizes (a folder's batch-1 runs of others are Figure 12's)
+    nb = dec.groupby("backend")["batch_size"].nunique()
+    if (nb > 1).any():
+        dec = dec[dec["backend"].isin(nb[nb > 1].index)]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     engines = list(dict.fromkeys(dec["backend"]))
-    for i, eng in enumerate(engines):
+    color = {eng: plt.get_cmap("tab10" if len(engines) <= 10 else "tab20")(i) for i, eng in enumerate(engines)}
+    for eng in engines:
         g = dec[dec["backend"] == eng].sort_values("batch_size")
-        axes[0].plot(g["batch_size"], g["tokens_per_s"], "o-", label=eng, color=f"C{i}")
+        axes[0].plot(g["batch_size"], g["tokens_per_s"], "o-", label=eng, color=color[eng])
     axes[0].set_xscale("log", base=2)
     axes[0].set_xlabel("batch (sequences)")
     axes[0].set_ylabel(f"decode tokens/s ({depth} layers, measured)")
@@ -223,14 +229,14 @@ def fig13(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
         xs = [k + i * w for k in range(len(batches))]
         ffn = [100 * g.loc[b, "ffn_share"] if b in g.index else 0 for b in batches]
         att = [100 * g.loc[b, "attn_share"] if b in g.index else 0 for b in batches]
-        axes[1].bar(xs, ffn, w, color=f"C{i}", label=f"{eng}: MoE experts")
-        axes[1].bar(xs, att, w, bottom=ffn, color=f"C{i}", alpha=0.4, hatch="..", label=f"{eng}: attention")
+        axes[1].bar(xs, ffn, w, color=color[eng], label=f"{eng}: MoE experts")
+        axes[1].bar(xs, att, w, bottom=ffn, color=color[eng], alpha=0.4, hatch="..", label=f"{eng}: attention")
     axes[1].set_xticks([k + 0.4 - w / 2 for k in range(len(batches))], [str(b) for b in batches])
     axes[1].set_xlabel("batch")
     axes[1].set_ylabel("% of a decode step (timers around the blocks)")
     axes[1].legend(fontsize=7)
     fig.suptitle(f"Figure 13: batch decoding, {model}, {depth} layers")
-    notes = _status_notes(df[df["model"] == model])
+    notes = _status_notes(df[(df["model"] == model) & (df["layers"] == depth)])
     cap = _caption(df, f"{model} with {depth} layers (the LM head is in every step: shares are of the whole step).", notes)
     fig.text(0.01, 0.01, cap, fontsize=6, va="bottom")
     fig.tight_layout(rect=(0, 0.03 + 0.025 * len(notes), 1, 0.95))
