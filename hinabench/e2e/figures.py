@@ -132,8 +132,21 @@ def _status_notes(df, engines=None) -> list[str]:
 
 
 def _caption(df, what: str, notes: list[str]) -> str:
+    """The figure's caption, its lines wrapped to the figure's width (a 6-point line of ~190 characters)."""
+    import textwrap
     fp = str(df["fingerprint"].dropna().iloc[0]) if "fingerprint" in df and df["fingerprint"].notna().any() else ""
-    return "\n".join([what, fp] + notes)
+    return "\n".join(textwrap.fill(x, 190) for x in [what, fp] + notes)
+
+
+def _colors(plt, engines) -> dict:
+    """One colour per engine: tab10, or tab20 past ten (matplotlib's C0.. come round again after ten)."""
+    cmap = plt.get_cmap("tab10" if len(engines) <= 10 else "tab20")
+    return {eng: cmap(i) for i, eng in enumerate(engines)}
+
+
+def _below(cap: str, height_in: float) -> float:
+    """The share of a figure `height_in` inches high that `cap`'s 6-point lines take at its foot."""
+    return 0.01 + (cap.count("\n") + 1) * 0.11 / height_in
 
 
 def fig12(results: list[str], out_dir: str | None = None, frame=None) -> list[Path]:
@@ -150,6 +163,7 @@ def fig12(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     engines = list(dict.fromkeys(pl["engine"]))
     w = 0.8 / max(len(engines), 1)
+    color = _colors(plt, engines)
     seen: set[str] = set()
 
     def once(label):
@@ -164,11 +178,11 @@ def fig12(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
                 continue
             r = r.iloc[0]
             if r["projected_ms"] is not None and r["projected_ms"] == r["projected_ms"]:
-                axes[0].bar(j + i * w, 1000 / r["projected_ms"], w, label=once(f"0{eng}") and eng, color=f"C{i}")
-                axes[1].bar(j + i * w, r["per_layer_ms"], w, yerr=r["mad_ms"], color=f"C{i}",
+                axes[0].bar(j + i * w, 1000 / r["projected_ms"], w, label=once(f"0{eng}") and eng, color=color[eng])
+                axes[1].bar(j + i * w, r["per_layer_ms"], w, yerr=r["mad_ms"], color=color[eng],
                             label=once(f"1{eng}") and eng)
             elif "," not in str(r["depths"]):
-                axes[1].bar(j + i * w, r["t1_ms"] / r["n1"], w, color=f"C{i}", hatch="//",
+                axes[1].bar(j + i * w, r["t1_ms"] / r["n1"], w, color=color[eng], hatch="//",
                             label=once(f"2{eng}") and f"{eng} (one depth: whole step / N, LM head included)")
     for ax in axes:
         ax.set_xticks([j + 0.4 - w / 2 for j in range(len(models))], models)
@@ -182,7 +196,7 @@ def fig12(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     notes = _status_notes(df)
     cap = _caption(df, "Per-layer = (t(N2)-t(N1))/(N2-N1) of TPOT; full depth projected = t(N1) + (L-N1) x per-layer.", notes)
     fig.text(0.01, 0.01, cap, fontsize=6, va="bottom")
-    fig.tight_layout(rect=(0, 0.03 + 0.025 * len(notes), 1, 0.95))
+    fig.tight_layout(rect=(0, _below(cap, 4.8), 1, 0.95))
     return _save(fig, "fig12", results, out_dir, cap, df)
 
 
@@ -212,7 +226,7 @@ def fig13(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
         dec = dec[dec["backend"].isin(nb[nb > 1].index)]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     engines = list(dict.fromkeys(dec["backend"]))
-    color = {eng: plt.get_cmap("tab10" if len(engines) <= 10 else "tab20")(i) for i, eng in enumerate(engines)}
+    color = _colors(plt, engines)
     for eng in engines:
         g = dec[dec["backend"] == eng].sort_values("batch_size")
         axes[0].plot(g["batch_size"], g["tokens_per_s"], "o-", label=eng, color=color[eng])
@@ -239,7 +253,7 @@ def fig13(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     notes = _status_notes(df[(df["model"] == model) & (df["layers"] == depth)])
     cap = _caption(df, f"{model} with {depth} layers (the LM head is in every step: shares are of the whole step).", notes)
     fig.text(0.01, 0.01, cap, fontsize=6, va="bottom")
-    fig.tight_layout(rect=(0, 0.03 + 0.025 * len(notes), 1, 0.95))
+    fig.tight_layout(rect=(0, _below(cap, 4.8), 1, 0.95))
     return _save(fig, "fig13", results, out_dir, cap, df)
 
 
@@ -311,7 +325,7 @@ def fig14(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
                        "+m+l = also the dense projections and LM head on the HiNa linear kernel (not in the paper's ablation); +m+a = HiNa decode attention; "
                        "+m+l+a = both; +fused = +m+l+a with the decode step as one native call (the glue between the kernels in C++).", notes)
     fig.text(0.01, 0.01, cap, fontsize=6, va="bottom")
-    fig.tight_layout(rect=(0, 0.04 + 0.025 * len(notes), 1, 0.95))
+    fig.tight_layout(rect=(0, _below(cap, 5.2), 1, 0.95))
     return _save(fig, "fig14", results, out_dir, cap, df)
 
 
