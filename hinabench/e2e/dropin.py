@@ -19,12 +19,17 @@ def fused_only(experts):
         raise NotImplementedError("hina experts: fused [gate; up] weights without bias only")
 
 
+def hina_experts(ex):
+    """The experts module's weights checked once (moe_ffn_prepare), redone if transformers' tensors change."""
+    moe = ex.__dict__.get("_hina")
+    if moe is None or not moe.reads(ex.gate_up_proj, ex.down_proj):
+        fused_only(ex)
+        moe = ex._hina = moe_ffn_prepare(None, None, ex.down_proj, w13=ex.gate_up_proj)
+    return moe
+
+
 def hina_experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    moe = self.__dict__.get("_hina")   # the weights checked once, redone if transformers' tensors change
-    if moe is None or not moe.reads(self.gate_up_proj, self.down_proj):
-        fused_only(self)
-        moe = self._hina = moe_ffn_prepare(None, None, self.down_proj, w13=self.gate_up_proj)
-    out = moe(hidden_states.to(torch.bfloat16), top_k_index, top_k_weights.float())
+    out = hina_experts(self)(hidden_states.to(torch.bfloat16), top_k_index, top_k_weights.float())
     return out.to(hidden_states.dtype)
 
 

@@ -13,7 +13,7 @@ import torch
 from transformers.integrations.moe import ExpertsInterface
 
 from hinabench.e2e.dropin import fused_only
-from hinabench.kernels import moe_ffn_quant_prepare
+from hinabench.kernels import _Prepared, moe_ffn_quant_prepare
 from hinabench.quant import quantize_int8
 
 
@@ -21,12 +21,12 @@ def int8_experts(ex):
     """The experts module's INT8 copy, prepared: made at the first call, again if transformers' tensors change."""
     src = (ex.gate_up_proj, ex.down_proj)
     got = ex.__dict__.get("_hina_int8")
-    if got is None or any(a is not b or a.data_ptr() != p for a, (b, p) in zip(src, got[0])):
+    if got is None or not got[0].reads(*src):
         fused_only(ex)
         H, I = ex.gate_up_proj.shape[2], ex.down_proj.shape[2]
         g = next(g for g in (128, 64, 32) if H % g == 0 and I % g == 0)
         moe = moe_ffn_quant_prepare(quantize_int8(ex.gate_up_proj.data, g), quantize_int8(ex.down_proj.data, g))
-        got = ex._hina_int8 = (tuple((t, t.data_ptr()) for t in src), moe)   # keeps the int8 copies
+        got = ex._hina_int8 = (_Prepared(src), moe)   # the bf16 tensors they came from; keeps the int8 copies
     return got[1]
 
 

@@ -10,7 +10,8 @@ roundings kept), and transformers' final norm; a step the model cannot take whol
 asked for, positions given) runs transformers' forward with each decoder layer's step as one native call,
 and anything else (prefill, a sliding window shorter than the cache) the layer's own forward, i.e.
 `hina+l+a`. transformers keeps the KV cache object (dropin_cache.py's buffers, written in place), the LM
-head (`hina+l`'s linear kernel) and generation. With int8=True the layers take dropin_int8.py's INT8 experts.
+head (`hina+l`'s linear kernel) and generation. The layers run the experts the model's experts implementation
+names: dropin_int8.py's INT8 copies under "hina-int8", else transformers' bf16 tensors as dropin.py prepares them.
 """
 import types
 import weakref
@@ -18,10 +19,9 @@ import weakref
 import torch
 from transformers.modeling_outputs import MoeModelOutputWithPast
 
-from hinabench.e2e.dropin import fused_only
+from hinabench.e2e.dropin import hina_experts
 from hinabench.e2e.dropin_cache import AppendLayer
 from hinabench.e2e.dropin_int8 import int8_experts
-from hinabench.kernels import moe_ffn_prepare
 from hinabench.kernels_layer import PreparedStack, decoder_layer_prepare
 
 # the routers' arithmetic, by model type (engines.FUSED_MODEL_TYPES): norm_topk (the top-k weights over their
@@ -56,13 +56,10 @@ def _prepare(layer, cfg, experts):
 
 def _prepared(layer):
     """The layer's prepared call, made again if transformers' tensors changed (checked once per cache)."""
-    p, ex = layer.__dict__.get("_hina_layer"), layer.mlp.experts
-    moe = int8_experts(ex) if layer.__dict__.get("_hina_quant") else None   # the bf16 experts: transformers' own
-    if p is None or not p.reads(*_weights(layer, moe.weights if moe else (ex.gate_up_proj, ex.down_proj))):
-        if moe is None:
-            fused_only(ex)
-            moe = moe_ffn_prepare(None, None, ex.down_proj, w13=ex.gate_up_proj)
-        p = layer._hina_layer = _prepare(layer, layer.self_attn.config, moe)
+    p, cfg = layer.__dict__.get("_hina_layer"), layer.self_attn.config
+    moe = (int8_experts if cfg._experts_implementation == "hina-int8" else hina_experts)(layer.mlp.experts)
+    if p is None or not p.reads(*_weights(layer, moe.weights)):
+        p = layer._hina_layer = _prepare(layer, cfg, moe)
     return p
 
 
@@ -137,15 +134,14 @@ def hina_model_forward(self, input_ids=None, attention_mask=None, position_ids=N
     return MoeModelOutputWithPast(last_hidden_state=self.norm(out.view(B, 1, -1)), past_key_values=past_key_values)
 
 
-def use_hina_layer(model, on: bool = True, int8: bool = False):
+def use_hina_layer(model, on: bool = True):
     """The decoder's decode steps as one native call (the model's forward), or each layer's as one where
-    the step is not the model's alone (on=False: transformers' forwards again); int8: on dropin_int8.py's
-    INT8 experts. Raises NotImplementedError for a model whose decoder layer this file does not know."""
+    the step is not the model's alone (on=False: transformers' forwards again). Raises NotImplementedError
+    for a model whose decoder layer this file does not know."""
     cfg = model.config
     if on and cfg.model_type not in ROUTERS:
         raise NotImplementedError(f"hina+fused knows the decoder layers of {', '.join(ROUTERS)}, not {cfg.model_type}")
     for mod, fwd in [(layer, hina_layer_forward) for layer in model.model.layers] + [(model.model, hina_model_forward)]:
-        mod._hina_quant = int8
         if on:
             mod.forward = types.MethodType(fwd, mod)
         elif "forward" in mod.__dict__:

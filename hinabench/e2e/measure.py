@@ -90,7 +90,7 @@ def set_engine(model, engine: str, default_impl: str, default_attn: str = "sdpa"
     dropin_linear.use_hina_linear(model, on=engine in WITH_LINEAR)
     if engine in FUSED or any("forward" in layer.__dict__ for layer in model.model.layers):
         from . import dropin_layer
-        dropin_layer.use_hina_layer(model, on=engine in FUSED, int8=engine in INT8)
+        dropin_layer.use_hina_layer(model, on=engine in FUSED)
     return (f"experts={model.config._experts_implementation} attn={model.config._attn_implementation}"
             + (" linear=hina" if engine in WITH_LINEAR else "") + (" layer=hina" if engine in FUSED else ""))
 
