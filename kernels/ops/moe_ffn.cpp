@@ -399,8 +399,11 @@ void check_quant_call(const MoeCall& a) {
 // Qwen3 4.16 against 3.14).
 constexpr int kAmxFfnFewMaxM = 4;
 
+// The named ISA is looked up (and refused where the CPU lacks it) first: on a CPU with AVX-512 and
+// without AMX (Zen 4/5), isa "amx" with few tokens ran the AVX-512 kernel instead of refusing.
 const MicroKernel& bf16_microkernel(const std::string& isa, int64_t max_m, int few) {
-  return find_microkernel(isa == "amx" && max_m <= few ? std::string("avx512") : isa, Dtype::bf16);
+  const MicroKernel& named = find_microkernel(isa, Dtype::bf16);
+  return isa == "amx" && max_m <= few ? find_microkernel("avx512", Dtype::bf16) : named;
 }
 
 // The most rows any expert gets (tokens routed to it); ids outside [0, E) are left to group_by_expert.
