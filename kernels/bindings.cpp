@@ -374,6 +374,7 @@ PYBIND11_MODULE(_C, m) {
     d["avx512_vnni"] = f.avx512_vnni; d["avx512_fp16"] = f.avx512_fp16; d["avx512_vbmi"] = f.avx512_vbmi;
     d["amx_tile"] = f.amx_tile; d["amx_bf16"] = f.amx_bf16; d["amx_int8"] = f.amx_int8;
     d["os_avx512"] = f.os_avx512; d["os_amx"] = f.os_amx; d["amx_permission"] = f.amx_permission;
+    d["amd"] = f.amd; d["family"] = f.family;
     return d;
   });
   m.def("isa_usable", &isa_usable, py::arg("isa"));

@@ -17,6 +17,8 @@ struct CpuFeatures {
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
   bool os_avx512 = false;     // XCR0 enables opmask/ZMM state
   bool os_amx = false;        // the kernel granted XTILEDATA to this process (ARCH_REQ_XCOMP_PERM)
+  bool amd = false;           // vendor "AuthenticAMD"
+  int family = 0;             // cpuid's display family (base + extended): AMD Zen 3/4 25, Zen 5 26
   std::string amx_permission; // what the OS answered, in words
 };
 const CpuFeatures& cpu_features();

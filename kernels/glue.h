@@ -177,6 +177,14 @@ void rows_x_tokens(const bf16_t* const* w, int nrows, const typename Kn::Elem* c
                           int(o.row_ld));
 }
 
+// Kn::one_token_prefetch(): whether one-token tiles issue kBlocking's prefetches on this CPU (a choice
+// made at run time, where a kernel has it; else always). The sums are the same bits either way.
+template <class Kn, class = void> struct OneTokenPrefetch { static bool on() { return true; } };
+template <class Kn>
+struct OneTokenPrefetch<Kn, decltype(void(Kn::one_token_prefetch()))> {
+  static bool on() { return Kn::one_token_prefetch(); }
+};
+
 // Decode (M <= decode_max_m tokens): each W row streamed once, all tokens in registers,
 // decode_rows[M] rows per tile.
 template <class Kn, int TT = 1>
@@ -186,9 +194,15 @@ void decode(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* i
   if constexpr (TT < B.decode_max_m) {
     if (M > TT) return decode<Kn, TT + 1>(w, nrows, in, M, pc, np, o);
   }
-  if constexpr (TT == 1 && B.decode_short_k != 0) {
-    if (pc[2 * np - 1] - pc[0] <= B.decode_short_k)
-      return rows_x_tokens<Kn, B.decode_short_rows, 1, B.decode_short_prefetch>(w, nrows, in, pc, np, o);
+  if constexpr (TT == 1) {
+    const bool pf = OneTokenPrefetch<Kn>::on();
+    if constexpr (B.decode_short_k != 0) {
+      if (pc[2 * np - 1] - pc[0] <= B.decode_short_k) {
+        if (!pf) return rows_x_tokens<Kn, B.decode_short_rows, 1, 0>(w, nrows, in, pc, np, o);
+        return rows_x_tokens<Kn, B.decode_short_rows, 1, B.decode_short_prefetch>(w, nrows, in, pc, np, o);
+      }
+    }
+    if (!pf) return rows_x_tokens<Kn, B.decode_rows[1], 1, 0>(w, nrows, in, pc, np, o);
   }
   rows_x_tokens<Kn, B.decode_rows[TT], TT, B.decode_prefetch[TT]>(w, nrows, in, pc, np, o);
 }

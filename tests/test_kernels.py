@@ -213,6 +213,17 @@ def test_a_tokens_output_does_not_depend_on_its_batch(isa):
     assert torch.equal(few, full[:5]), f"{isa}: the first 5 tokens differ from in the batch of 37"
 
 
+def test_cpu_vendor_and_family_match_proc_cpuinfo():
+    """The kernels' CPU identity (the AVX-512 one-token tiles skip their prefetch on AMD family >= 26)
+    is the kernel's own cpuid reading of what /proc/cpuinfo shows."""
+    from hinabench.native import load
+    f = load("_C").cpu_features()
+    info = open("/proc/cpuinfo").read()
+    field = lambda name: next(l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith(name))
+    assert f["amd"] == (field("vendor_id") == "AuthenticAMD")
+    assert f["family"] == int(field("cpu family"))
+
+
 def test_hina_isa_env_and_auto(monkeypatch):
     d = small()
     monkeypatch.setenv("HINA_ISA", "scalar")

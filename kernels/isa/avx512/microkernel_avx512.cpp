@@ -62,6 +62,9 @@
 
 #include "glue.h"
 
+#if !defined(HINA_EMU_AVX512)
+#include "common.h"   // cpu_features (cpu.cpp): one_token_prefetch
+#endif
 #include "isa/avx512/attention_vec512.h"  // vec512::hsum16, hsum16x16
 #include "isa/avx512/dpbf16.h"
 
@@ -100,6 +103,24 @@ struct Avx512 {
   static X load_x(const bf16_t* p) { return load_bh(p); }
   static void prefetch(const bf16_t* p) { __builtin_prefetch(p, 0, 3); }      // into L1 (prefetcht0)
   static void prefetch_l2(const bf16_t* p) { __builtin_prefetch(p, 0, 2); }   // into L2 (prefetcht1)
+#if !defined(HINA_EMU_AVX512)
+  // One token on AMD Zen 5 (family 26) and later: no software prefetch (glue.h, OneTokenPrefetch).
+  // Measured on a 2-vCPU EPYC Zen 5 (2026-12-05; the builds' modules side by side in one process, 2
+  // threads, every token on the same top-k experts, weights rotated past the L3, alternated rounds,
+  // the two builds' order swapped in the second run; new / old time): T = 1 Mixtral-8x7B 0.958 /
+  // 0.954x, Qwen3-30B-A3B 0.939 / 0.954x, DeepSeek-V3 0.966 / 0.950x (Qwen3 1.080 against 1.142 ms,
+  // 5 rounds); T = 2 (unchanged) 0.995-1.004x; one thread 0.99x. Scratch builds without the prefetch
+  // at M = 2 too: 0.99-1.04x; at M = 2..4: 1.03-1.16x (kept there). Zen 4 and
+  // the Xeons measured the prefetch faster (above): they keep it. Tried on Zen 5 and not kept: two
+  // accumulator chains per (row, token) (a piece's even and odd chunks; every tile, so that the
+  // blockings stay bit-identical), which let a one-token tile stream 1 or 2 rows instead of 4 or 8:
+  // T = 1 0.85-1.02x (Mixtral best), but the M = 3, 4 tiles, halved to fit 32 registers, 1.12-1.22x;
+  // one-token tiles of 1, 2 or 8 rows with the prefetch: 0.97-1.06x of 4.
+  static bool one_token_prefetch() {
+    static const bool on = !(cpu_features().amd && cpu_features().family >= 26);
+    return on;
+  }
+#endif
   static W load_w(const bf16_t* p) { return load_bh(p); }
   static Acc fma(Acc acc, const W& w, const X& x) { return dpbf16(acc, w, x); }
   // Horizontal sums: attention_vec512.h's halving tree, 16 at once at a tile's end (the same bits).
