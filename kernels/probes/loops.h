@@ -44,19 +44,21 @@ uint64_t read_loop(const uint8_t* p, size_t n, int mode, Vec zero, Block block, 
   return r ^ fold(acc0, acc1);
 }
 
-// The register-only peak loop: 10 independent chains of one instruction, acc = op(acc) (enough
-// chains to cover its latency), no memory operand; returns the FLOPs done (flops per instruction).
-// Vec is a GNU vector type (__m256, __m512, __m512i): + and the first lane are generic.
-template <class Vec, class Op>
-double peak_loop(Vec init, Op op, double flops, int64_t iters) {
-  constexpr int kChains = 10;
+// The register-only peak loop: kChains independent chains of one instruction, acc = op(acc) (enough
+// chains to cover its latency times its throughput), no memory operand; returns the FLOPs done (flops
+// per instruction). Vec is a GNU vector type (__m256, __m512, __m512i): + and the first lane are
+// generic. 10 chains fit AVX2's 16 registers with the operands; the AVX-512 loops take 20 of their 32:
+// on Zen 5 (two 512-bit vdpbf16ps a cycle, each ~6 cycles long) 10 chains read the BF16 peak at ~855
+// GFLOP/s over 2 threads and zentorch's and oneDNN's BF16 GEMMs then showed efficiencies of 1.04-1.12.
+template <int kChains = 10, class Vec, class Op>
+__attribute__((always_inline)) inline double peak_loop(Vec init, Op op, double flops, int64_t iters) {
   Vec a[kChains];
   // distinct starting values: chains that start equal compute equal values, and the compiler merged
   // ten such chains into one (a latency-bound loop counted as ten chains). A scaled init alone is not
   // distinct when init is 0: the vdpbf16ps probe started from zero and compiled to one chain until
   // 2026-12-03 (its peak read 10x one chain's latency-bound rate, 384 GFLOP/s per Zen 4 core against
   // ~225 of throughput); the offset keeps the starts apart whatever init is.
-  #pragma GCC unroll 10
+  #pragma GCC unroll 32
   for (int j = 0; j < kChains; ++j) {
     if constexpr (std::is_floating_point_v<std::remove_reference_t<decltype(init[0])>>)
       a[j] = init * (1.0f + 0.0078125f * float(j)) + 0.0078125f * float(j);
@@ -64,10 +66,12 @@ double peak_loop(Vec init, Op op, double flops, int64_t iters) {
       a[j] = init + j;   // integer lanes (vpdpbusd's int32 sums): starts j apart
   }
   for (int64_t i = 0; i < iters; ++i) {
-    #pragma GCC unroll 10
+    #pragma GCC unroll 32
     for (int j = 0; j < kChains; ++j) a[j] = op(a[j]);
   }
-  const Vec s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + ((a[6] + a[7]) + (a[8] + a[9])));
+  Vec s = a[0];
+  #pragma GCC unroll 32
+  for (int j = 1; j < kChains; ++j) s = s + a[j];
   volatile float sink = s[0];  // kept, so nothing is elided
   (void)sink;
   return double(iters) * kChains * flops;
