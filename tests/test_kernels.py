@@ -218,8 +218,11 @@ def test_cpu_vendor_and_family_match_proc_cpuinfo():
     is the kernel's own cpuid reading of what /proc/cpuinfo shows."""
     from hinabench.native import load
     f = load("_C").cpu_features()
-    info = open("/proc/cpuinfo").read()
-    field = lambda name: next(l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith(name))
+    lines = open("/proc/cpuinfo").read().splitlines()
+
+    def field(name):
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith(name))
+
     assert f["amd"] == (field("vendor_id") == "AuthenticAMD")
     assert f["family"] == int(field("cpu family"))
 

@@ -110,8 +110,8 @@ struct Avx512 {
   // the two builds' order swapped in the second run; new / old time): T = 1 Mixtral-8x7B 0.958 /
   // 0.954x, Qwen3-30B-A3B 0.939 / 0.954x, DeepSeek-V3 0.966 / 0.950x (Qwen3 1.080 against 1.142 ms,
   // 5 rounds); T = 2 (unchanged) 0.995-1.004x; one thread 0.99x. Scratch builds without the prefetch
-  // at M = 2 too: 0.99-1.04x; at M = 2..4: 1.03-1.16x (kept there). Zen 4 and
-  // the Xeons measured the prefetch faster (above): they keep it. Tried on Zen 5 and not kept: two
+  // at M = 2 too: 0.99-1.04x; at M = 2..4: 1.03-1.16x (kept there). Zen 4 and the Xeons measured the
+  // prefetch faster (above): they keep it. Tried on Zen 5 and not kept: two
   // accumulator chains per (row, token) (a piece's even and odd chunks; every tile, so that the
   // blockings stay bit-identical), which let a one-token tile stream 1 or 2 rows instead of 4 or 8:
   // T = 1 0.85-1.02x (Mixtral best), but the M = 3, 4 tiles, halved to fit 32 registers, 1.12-1.22x;
