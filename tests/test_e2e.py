@@ -389,6 +389,27 @@ def test_per_layer_takes_the_newest_row_of_a_depth_whatever_the_file_order():
     assert pl["per_layer_ms"].iloc[0] == pytest.approx(10.0)   # (50 - 30) / 2: the newer day's pair
 
 
+def test_a_per_layer_difference_under_the_dram_roofline_is_no_cost():
+    """Two depths whose runs disagree (one depth in a slow spell of the machine) can give a difference
+    under what a layer's bytes take from DRAM at the best read probe: no per-layer cost, and the tables
+    say why; where the layers fit the L3 the DRAM roofline is no bound and the difference stands."""
+    import pandas as pd
+    from hinabench.e2e.figures import per_layer
+    def rows(ms2, fp="AMD EPYC, 1S/2C/2T, L3 32 MiB"):
+        return pd.DataFrame([dict(op="e2e", model="m", backend="hina", phase="decode", status="ok", layers=L,
+                                  batch_size=1, prompt_tokens=128, median_ms=ms, mad_ms=0.1, full_layers=8,
+                                  timestamp="2026-12-05T06:00:00+0000", layer_bytes=700e6, read_gbps=80.0,
+                                  fingerprint=fp)
+                             for L, ms in ((1, 22.0), (2, ms2))])
+    ok = per_layer(rows(32.0))                 # 10 ms a layer against the 8.75 ms roofline
+    assert ok["per_layer_ms"].iloc[0] == pytest.approx(10.0)
+    low = per_layer(rows(25.6))                # 3.6 ms: under 0.9 x 8.75
+    assert low["per_layer_ms"].iloc[0] is None
+    assert low["raw_ms"].iloc[0] == pytest.approx(3.6) and low["under_roofline_ms"].iloc[0] == pytest.approx(8.75)
+    cached = per_layer(rows(25.6, fp="Xeon, 1S/2C/2T, L3 4800 MiB"))   # 2 x 700 MB fit that L3
+    assert cached["per_layer_ms"].iloc[0] == pytest.approx(3.6)
+
+
 def test_logprob_err_is_the_max_prompt_logprob_delta():
     from hinabench.e2e import measure as M
     torch.manual_seed(0)
