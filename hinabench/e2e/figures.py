@@ -48,6 +48,17 @@ def _llc_bytes(df, model) -> int | None:
     return None
 
 
+def _layer_roofline(df, model, rows, depth):
+    """(ms a layer's bytes take at the best read probe of `rows`, or None; whether `depth` such layers fit
+    the L3 of the machine the rows ran on, where the DRAM time is then no lower bound)."""
+    if not ({"layer_bytes", "read_gbps"} <= set(rows) and rows["layer_bytes"].notna().any()
+            and rows["read_gbps"].notna().any()):
+        return None, False
+    llc = _llc_bytes(df, model)
+    return (rows["layer_bytes"].max() / (rows["read_gbps"].max() * 1e9) * 1e3,
+            bool(llc) and rows["layer_bytes"].max() * depth <= llc)
+
+
 def _load(results, frame):
     df = e2e_points(load_frame(results) if frame is None else frame)
     if df.empty:
@@ -87,11 +98,7 @@ def per_layer(df, phase: str = "decode"):
         # difference more than 10% under that (where the layers do not fit the L3) says the two depths'
         # runs disagree -- on Zen 5 every engine's step at one Mixtral layer took 1.4x another run's, at two
         # the same, and `hina+fused` read 0.42 of its roofline -- not a per-layer cost.
-        rl = None
-        if {"layer_bytes", "read_gbps"} <= set(g) and g["layer_bytes"].notna().any() and g["read_gbps"].notna().any():
-            rl = g["layer_bytes"].max() / (g["read_gbps"].max() * 1e9) * 1e3
-        llc = _llc_bytes(df, model)
-        fits = bool(llc) and rl is not None and g["layer_bytes"].max() * n2 <= llc
+        rl, fits = _layer_roofline(df, model, g, n2)
         under = rl if rl is not None and not fits and 0 < pl < 0.9 * rl else None
         if not pl > 0 or under:   # the deeper model was not slower (or not by a layer's bytes): the machine's
                                   # noise, not a cost; no projection
@@ -436,18 +443,16 @@ def tables(df, runs=None) -> str:
     for _, r in pl.iterrows():
         rows = df[(df["phase"] == "decode") & (df["status"] == "ok") & (df["model"] == r["model"])
                   & (df["backend"] == r["engine"]) & (df["batch_size"] == r["batch"])]
-        rl = None
-        if len(rows) and rows["layer_bytes"].notna().any() and rows["read_gbps"].notna().any():
-            rl = rows["layer_bytes"].max() / (rows["read_gbps"].max() * 1e9) * 1e3
-        roof[(r["model"], r["engine"], r["batch"])] = rl
         # the roofline streams every layer's bytes from DRAM each step; when the deeper model's layers fit
         # in the L3 (a 480 MiB one would hold a 4-layer Qwen3-30B-A3B step), they may stay cached between
         # steps, and then the DRAM time is no lower bound: a pass is withheld, a miss still fails (a cache
         # can only make the step faster). On the AMX Xeon whose sysinfo says 480 MiB, a 1 GiB read between
         # decode steps did not change the step time (2026-12-02): there the layers were not served from it.
-        llc = _llc_bytes(df, r["model"])
         depth = max(int(float(x)) for x in str(r["depths"]).split(",") if x.strip())
-        if rl is not None and llc and rows["layer_bytes"].max() * depth <= llc:
+        rl, fits = _layer_roofline(df, r["model"], rows, depth)
+        roof[(r["model"], r["engine"], r["batch"])] = rl
+        if fits:
+            llc = _llc_bytes(df, r["model"])
             cached[(r["model"], r["engine"], r["batch"])] = (
                 f"{depth} layers x {rows['layer_bytes'].max() / 1e6:.0f} MB fit in the {llc / 2**20:.0f} MiB L3: "
                 f"they may be cached between steps, and the DRAM roofline is then no bound")
@@ -477,7 +482,7 @@ def tables(df, runs=None) -> str:
         v = r["per_layer_ms"].iloc[0] if len(r) else None
         if v is None or v != v:
             if len(r) and r["raw_ms"].iloc[0] == r["raw_ms"].iloc[0] and r["raw_ms"].iloc[0] is not None:
-                u = r["under_roofline_ms"].iloc[0] if "under_roofline_ms" in r else None
+                u = r["under_roofline_ms"].iloc[0]   # set on every row with a raw difference
                 (under if u is not None and u == u else noisy).add((m, e))
             return None
         if v < 2 * r["mad_ms"].iloc[0]:   # the deeper model was not reliably slower: noise, no verdict
