@@ -86,11 +86,31 @@ def _module(isa: str):
     mod = _LOADED.get(name)
     if mod is not None:
         return mod
+    env = os.environ.get("HINA_AVX512_DECODE", "").strip()
+    if env and env not in AVX512_DECODE:
+        from .errors import UserError
+        raise UserError(f"HINA_AVX512_DECODE must be one of {', '.join(AVX512_DECODE)} (got '{env}')")
     try:
         mod = _LOADED[name] = load(name)
     except NativeMissing as e:
         raise IsaUnavailable(f"isa '{isa}': {e}") from e
     return mod
+
+
+AVX512_DECODE = ("auto", "default", "zen5")
+
+
+def avx512_decode(choice: str | None = None, *, isa: str = "avx512") -> str:
+    """The AVX-512 BF16 kernel's decode tiles (1-4 tokens an expert) in this process, for `isa`'s module
+    ("avx512" and "avx512-emulated" are separate modules, each with its own setting): "zen5" (rows far
+    apart, two chunks of a row at a time, the tile's own rows prefetched: measured faster on Zen 5) or
+    "default" (measured on Zen 4 and the Xeons). The same bits either way. `choice` "auto" (the start,
+    unless HINA_AVX512_DECODE names one) takes zen5 on AMD family >= 26, default elsewhere. Returns the
+    tiles in effect."""
+    if choice is not None and choice not in AVX512_DECODE:
+        raise ValueError(f"avx512 decode tiles must be one of {', '.join(AVX512_DECODE)} (got '{choice}')")
+    _setting, in_effect = _module(isa).avx512_decode(choice)
+    return in_effect
 
 
 def isa_status(isa: str) -> tuple[bool, str]:

@@ -6,6 +6,7 @@
 // includes pybind11: the operator itself is plain C++ (ops/moe_ffn.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <optional>
 
 #include <cstdint>
 #include <stdexcept>
@@ -139,6 +140,15 @@ void register_moe(py::module_& m) {
     d["first_error"] = st.first_error;
     return d;
   }, "Testing: what the last partitioned call read (with moe_numa_debug(True)).");
+  m.def(
+      "avx512_decode",
+      [](const std::optional<std::string>& choice) {
+        if (choice) set_avx512_decode(*choice);
+        return py::make_tuple(std::string(avx512_decode()), avx512_decode_zen5() ? "zen5" : "default");
+      },
+      py::arg("choice") = py::none(),
+      "The AVX-512 BF16 kernel's decode tiles: auto (Zen 5's on AMD family >= 26), default or zen5 "
+      "(the same bits); sets it when given. Returns (the setting, the tiles in effect).");
   m.def("moe_scratch_bytes", &moe_last_scratch_bytes,
         "Scratch bytes (packed I, activations, y rows) the last moe_ffn call used.");
   m.def(

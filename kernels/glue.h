@@ -22,7 +22,9 @@
 //                     zero(), load_x(const Elem*), load_w(const bf16_t*), fma(Acc, W, X) -> Acc,
 //                     hsum(Acc) -> float (optional: hsum16 and store16, 16 sums at once, the
 //                     same bits), packed_bytes, pack_tokens; prefetch(const bf16_t*)
-//                     (into L1) and prefetch_l2 where kBlocking's prefetch fields ask for them
+//                     (into L1) and prefetch_l2 where kBlocking's prefetch fields ask for them;
+//                     optional: kDecodeAlt, DecodeAlt (traits with another kBlocking for the decode
+//                     tiles) and decode_alt() (whether to take it on this CPU, per call)
 #pragma once
 #include <cstdlib>
 #include <cstring>
@@ -78,6 +80,30 @@ struct HasHsum16<Kn, decltype(void(Kn::hsum16(*static_cast<const typename Kn::Ac
 // Kn::ld(K): the row stride of the packed I and activation, where a kernel pads it (else K).
 template <class Kn, class = void> struct ILd { static int64_t of(int K) { return K; } };
 template <class Kn> struct ILd<Kn, decltype(void(Kn::ld(0)))> { static int64_t of(int K) { return Kn::ld(K); } };
+// One step of a register tile: chunks [k, k + N * kChunk) of its R rows against its TT tokens (acc_tile).
+template <class Kn, int R, int TT, int PF, int N>
+__attribute__((always_inline)) inline void tile_step(typename Kn::Acc (&acc)[R][TT], const bf16_t* const* w,
+                                                     const typename Kn::Elem* const* in, int k, int k0,
+                                                     const bf16_t* const* pf) {
+  constexpr int C = Kn::kChunk;
+  typename Kn::X x[N][TT];
+  #pragma GCC unroll 16
+  for (int u = 0; u < N; ++u)
+    #pragma GCC unroll 16
+    for (int t = 0; t < TT; ++t) x[u][t] = Kn::load_x(in[t] + k + u * C);
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 16
+    for (int u = 0; u < N; ++u) {
+      if constexpr (PF == 1) Kn::prefetch(pf[r] + (k + u * C - k0));
+      if constexpr (PF == 2) Kn::prefetch_l2(pf[r] + (k + u * C - k0));
+      if constexpr (PF == 3) Kn::prefetch(w[r] + k + u * C + Kn::kBlocking.decode_ahead);
+      const typename Kn::W wv = Kn::load_w(w[r] + k + u * C);
+      #pragma GCC unroll 16
+      for (int t = 0; t < TT; ++t) acc[r][t] = Kn::fma(acc[r][t], wv, x[u][t]);
+    }
+}
+
 // The register tile: C[r * ldc + t] += sum_{k0 <= k < k1} W_r[k] * I_t[k]   for r < R, t < TT,
 // [k0, k1) a piece or a sub-block of one. The accumulators start at zero on the piece's first
 // sub-block (`first`), else are loaded from buf (R x TT vectors, row-major); at the piece's last
@@ -86,28 +112,24 @@ template <class Kn> struct ILd<Kn, decltype(void(Kn::ld(0)))> { static int64_t o
 // sub-blocking: every blocking gives bit-identical sums.
 // With PF (1: into L1, 2: into L2), also prefetches pf[r][0 .. k1-k0): the W slice the next call
 // will stream from memory, so DRAM traffic overlaps this tile's FMAs instead of stalling the next one.
-template <class Kn, int R, int TT, int PF = 0>
+// PF 3: w[r] itself, Kn::kBlocking.decode_ahead elements ahead, into L1. U: U chunks of a row are
+// read (and their multiply-adds issued, in order) before the next row's: a row's accesses come U
+// lines at a time. Neither changes a sum.
+template <class Kn, int R, int TT, int PF = 0, int U = 1>
 inline void acc_tile(const bf16_t* const* w, const typename Kn::Elem* const* in, int k0, int k1,
                      typename Kn::Acc* buf, bool first, bool last, float* c, int ldc,
                      const bf16_t* const* pf = nullptr) {
+  constexpr int C = Kn::kChunk;
   typename Kn::Acc acc[R][TT];
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
     #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) acc[r][t] = first ? Kn::zero() : buf[r * TT + t];
-  for (int k = k0; k < k1; k += Kn::kChunk) {
-    typename Kn::X x[TT];
-    #pragma GCC unroll 16
-    for (int t = 0; t < TT; ++t) x[t] = Kn::load_x(in[t] + k);
-    #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      if constexpr (PF == 1) Kn::prefetch(pf[r] + (k - k0));
-      if constexpr (PF == 2) Kn::prefetch_l2(pf[r] + (k - k0));
-      const typename Kn::W wv = Kn::load_w(w[r] + k);
-      #pragma GCC unroll 16
-      for (int t = 0; t < TT; ++t) acc[r][t] = Kn::fma(acc[r][t], wv, x[t]);
-    }
-  }
+  // U chunks of every row at a time, then the rest one at a time
+  int k = k0;
+  if constexpr (U > 1)
+    for (; k + U * C <= k1; k += U * C) tile_step<Kn, R, TT, PF, U>(acc, w, in, k, k0, pf);
+  for (; k < k1; k += C) tile_step<Kn, R, TT, PF, 1>(acc, w, in, k, k0, pf);
   if constexpr (HasHsum16<Kn>::value && R * TT >= 4) {
     if (last) {  // 16 horizontal sums at a time, the same bits as Kn::hsum's
       constexpr int N = R * TT;
@@ -146,44 +168,59 @@ inline void dot_tile(const bf16_t* const* w, const typename Kn::Elem* const* in,
 // and adds its horizontal sum into its slot, so a piece's value never depends on R, TT or blocking.
 struct Out { float* c; int64_t row_ld, piece_ld; };
 
-// All `nrows` rows against tokens in[0..TT), every piece: R rows at a time.
-template <class Kn, int R, int TT, int PF>
+// All `nrows` rows against tokens in[0..TT), every piece: R rows at a time, U chunks of a row at a
+// time (acc_tile). FAR: the rows cut into R equal segments, tile i takes row i of each: R streams far
+// apart in memory instead of a W row apart (on Zen 5, 2026-12-05, one thread: two consecutive rows at
+// a time read at 0.6-0.7 of one stream's rate, four at 0.8, two or four far apart at 0.95-1.0); the
+// rows left over after the R segments go one at a time.
+template <class Kn, int R, int TT, int PF, bool FAR = false, int U = 1>
 void rows_x_tokens(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* in,
                    const int32_t* pc, int np, Out o) {
-  int r = 0;
-  for (; r + R <= nrows; r += R)
+  // A tile's R rows: w[first + q * stride]; its outputs c + q * ldc.
+  const int tiles = nrows / R;
+  const int stride = FAR ? tiles : 1;
+  const int ldc = int(stride * o.row_ld);
+  for (int i = 0; i < tiles; ++i) {
+    const int first = FAR ? i : i * R;
+    const bf16_t* far_rows[R];
+    if constexpr (FAR) {
+      #pragma GCC unroll 16
+      for (int q = 0; q < R; ++q) far_rows[q] = w[first + q * stride];
+    }
+    // (not copied when consecutive: the copy cost Qwen3-30B-A3B's one-token tiles 1.05x the time)
+    const bf16_t* const* wr = FAR ? far_rows : w + first;
     for (int p = 0; p < np; ++p) {
-      float* c = o.c + r * o.row_ld + p * o.piece_ld;
-      // decode_prefetch: while this tile streams piece p of its rows, the same piece of the next R
-      // rows is prefetched, so every piece of the next tile is covered whatever the pieces' lengths.
+      float* c = o.c + first * o.row_ld + p * o.piece_ld;
+      // PF 1, 2: while this tile streams piece p of its rows, the same piece of the next tile's rows
+      // is prefetched, so every piece of the next tile is covered whatever the pieces' lengths.
       // (It was the next piece in this order: these rows' next piece, else the next R rows' first,
       // over this piece's length. torch's large tensors start 64 bytes past a page, so a 2048-element
       // row is cut 2016 + 32: the 32-element piece prefetched 32 elements of the next tile's 2016.)
-      const bf16_t* pf[R];
-      bool ahead = false;
-      if constexpr (PF != 0) {
-        ahead = r + 2 * R <= nrows;
-        if (ahead) for (int q = 0; q < R; ++q) pf[q] = w[r + R + q] + pc[2 * p];
+      if constexpr (PF == 1 || PF == 2) {
+        if (i + 1 < tiles) {
+          const int next = FAR ? i + 1 : first + R;
+          const bf16_t* pf[R];
+          for (int q = 0; q < R; ++q) pf[q] = w[next + q * stride] + pc[2 * p];
+          acc_tile<Kn, R, TT, PF, U>(wr, in, pc[2 * p], pc[2 * p + 1], nullptr, true, true, c, ldc, pf);
+          continue;
+        }
+        acc_tile<Kn, R, TT, 0, U>(wr, in, pc[2 * p], pc[2 * p + 1], nullptr, true, true, c, ldc);
+      } else {
+        acc_tile<Kn, R, TT, PF, U>(wr, in, pc[2 * p], pc[2 * p + 1], nullptr, true, true, c, ldc);
       }
-      if (ahead)
-        acc_tile<Kn, R, TT, PF>(w + r, in, pc[2 * p], pc[2 * p + 1], nullptr, true, true, c,
-                                int(o.row_ld), pf);
-      else
-        dot_tile<Kn, R, TT>(w + r, in, pc[2 * p], pc[2 * p + 1], c, int(o.row_ld));
     }
-  for (; r < nrows; ++r)
+  }
+  for (int r = tiles * R; r < nrows; ++r)
     for (int p = 0; p < np; ++p)
       dot_tile<Kn, 1, TT>(w + r, in, pc[2 * p], pc[2 * p + 1], o.c + r * o.row_ld + p * o.piece_ld,
                           int(o.row_ld));
 }
 
-// Kn::one_token_prefetch(): whether one-token tiles issue kBlocking's prefetches on this CPU (a choice
-// made at run time, where a kernel has it; else always). The sums are the same bits either way.
-template <class Kn, class = void> struct OneTokenPrefetch { static bool on() { return true; } };
+// Kn::DecodeAlt (where Kn::kDecodeAlt): traits whose kBlocking replaces Kn's for the decode tiles
+// when Kn::decode_alt() says so on this CPU, a choice made at run time. The sums are the same bits.
+template <class Kn, class = void> struct DecodeAlt { static constexpr bool value = false; };
 template <class Kn>
-struct OneTokenPrefetch<Kn, decltype(void(Kn::one_token_prefetch()))> {
-  static bool on() { return Kn::one_token_prefetch(); }
-};
+struct DecodeAlt<Kn, decltype(void(Kn::kDecodeAlt))> { static constexpr bool value = Kn::kDecodeAlt; };
 
 // Decode (M <= decode_max_m tokens): each W row streamed once, all tokens in registers,
 // decode_rows[M] rows per tile.
@@ -194,17 +231,12 @@ void decode(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* i
   if constexpr (TT < B.decode_max_m) {
     if (M > TT) return decode<Kn, TT + 1>(w, nrows, in, M, pc, np, o);
   }
-  if constexpr (TT == 1) {
-    const bool pf = OneTokenPrefetch<Kn>::on();
-    if constexpr (B.decode_short_k != 0) {
-      if (pc[2 * np - 1] - pc[0] <= B.decode_short_k) {
-        if (!pf) return rows_x_tokens<Kn, B.decode_short_rows, 1, 0>(w, nrows, in, pc, np, o);
-        return rows_x_tokens<Kn, B.decode_short_rows, 1, B.decode_short_prefetch>(w, nrows, in, pc, np, o);
-      }
-    }
-    if (!pf) return rows_x_tokens<Kn, B.decode_rows[1], 1, 0>(w, nrows, in, pc, np, o);
+  if constexpr (TT == 1 && B.decode_short_k != 0) {
+    if (pc[2 * np - 1] - pc[0] <= B.decode_short_k)
+      return rows_x_tokens<Kn, B.decode_short_rows, 1, B.decode_short_prefetch>(w, nrows, in, pc, np, o);
   }
-  rows_x_tokens<Kn, B.decode_rows[TT], TT, B.decode_prefetch[TT]>(w, nrows, in, pc, np, o);
+  rows_x_tokens<Kn, B.decode_rows[TT], TT, B.decode_prefetch[TT], B.decode_far, B.decode_unroll>(
+      w, nrows, in, pc, np, o);
 }
 
 template <class Kn>
@@ -228,6 +260,10 @@ void mm_rows(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int 
   const Elem* in[B.mb_max];
   if (M <= B.decode_max_m) {
     for (int t = 0; t < M; ++t) in[t] = I + int64_t(t) * ILd<Kn>::of(K);
+    if constexpr (DecodeAlt<Kn>::value) {
+      static_assert(Kn::DecodeAlt::kBlocking.decode_max_m == B.decode_max_m, "one decode range");
+      if (Kn::decode_alt()) return decode<typename Kn::DecodeAlt>(w, nrows, in, M, pc, np, o);
+    }
     decode<Kn>(w, nrows, in, M, pc, np, o);
     return;
   }

@@ -5,9 +5,14 @@
 #include "microkernel.h"
 #include "quant.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "kernel_table.h"  // find_usable, isa_names
+#if !defined(HINA_EMU_MODULE_NAME)
+#include "common.h"        // cpu_features
+#endif
 
 namespace hina {
 
@@ -57,5 +62,40 @@ const QuantMicroKernel& find_quant_microkernel(const std::string& isa, Dtype dty
   throw std::invalid_argument("no " + std::string(dname) + " micro-kernel for isa '" + isa +
                               "' in this module (" + dname + " has: " + (known.empty() ? "none" : known) + ")");
 }
+
+// ---- the AVX-512 BF16 kernel's decode blocking (microkernel.h) --------------------------------------
+namespace {
+constexpr const char* kDecodeChoices[] = {"auto", "default", "zen5"};
+int decode_choice_of(const std::string& name) {
+  for (int i = 0; i < 3; ++i)
+    if (name == kDecodeChoices[i]) return i;
+  throw std::invalid_argument("avx512 decode blocking must be auto, default or zen5 (got '" + name + "')");
+}
+std::atomic<int>& decode_choice() {
+  static std::atomic<int> c{[] {
+    const char* e = std::getenv("HINA_AVX512_DECODE");
+    if (e == nullptr || *e == 0) return 0;
+    try {
+      return decode_choice_of(e);
+    } catch (const std::invalid_argument&) {
+      return 0;  // a bad value in the environment: auto (hinabench.kernels says so)
+    }
+  }()};
+  return c;
+}
+}  // namespace
+
+const char* avx512_decode() { return kDecodeChoices[decode_choice().load(std::memory_order_relaxed)]; }
+bool avx512_decode_zen5() {
+  const int c = decode_choice().load(std::memory_order_relaxed);
+  if (c != 0) return c == 2;
+#if defined(HINA_EMU_MODULE_NAME)
+  return false;  // an emulated module: no CPU of its own (cpu.cpp is _C's)
+#else
+  static const bool zen5 = cpu_features().amd && cpu_features().family >= 26;
+  return zen5;
+#endif
+}
+void set_avx512_decode(const std::string& choice) { decode_choice().store(decode_choice_of(choice)); }
 
 }  // namespace hina

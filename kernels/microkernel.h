@@ -102,7 +102,8 @@ struct Blocking {
   bool token_blocks_outer;  // loop order: token blocks outside K groups (else inside)
   int prefetch_next;     // prefetch the next W sub-block while a tile runs (0: no; 1: into L1; 2: L2)
   // decode, M tokens: while a tile streams its rows' piece, prefetch the next tile's same piece
-  // (decode_prefetch[M] 0: no; 1: into L1; 2: into L2)
+  // (decode_prefetch[M] 0: no; 1: into L1; 2: into L2), or 3: the tile's own rows decode_ahead
+  // elements ahead, into L1
   int decode_prefetch[7];
   // gate_up: tiles take gate and up rows alternately (two streams far apart in memory, as the best
   // read probe reads), when the two matrices share their piece cuts
@@ -111,6 +112,11 @@ struct Blocking {
   // every tile starts on new pages; decode_short_rows rows per tile, decode_short_prefetch as above
   // (decode_short_k 0: no such case)
   int decode_short_k, decode_short_rows, decode_short_prefetch;
+  // decode tiles (all but one token's short rows): row q of a tile from the q-th of decode_rows[M]
+  // equal segments of the rows (streams far apart in memory; else consecutive rows, a W row apart)
+  bool decode_far = false;
+  int decode_unroll = 1;   // decode tiles: chunks of a row read together before the next row's
+  int decode_ahead = 0;    // decode_prefetch 3's distance, elements
 };
 
 // ---- the table -----------------------------------------------------------------------------------
@@ -156,5 +162,13 @@ const std::vector<const MicroKernel*>& microkernels();
 // The (isa, dtype) entry, looked up per call. Throws std::invalid_argument if it is not built into
 // this module, or if the CPU (or the OS) does not allow its ISA: never SIGILL.
 const MicroKernel& find_microkernel(const std::string& isa, Dtype dtype);
+
+// The AVX-512 BF16 kernel's decode tiles (isa/avx512/microkernel_avx512.cpp): "auto" (Zen 5's on AMD
+// family >= 26, else the default), "default" or "zen5"; the same bits whichever. Starts from the
+// environment's HINA_AVX512_DECODE (else "auto"); set_avx512_decode throws std::invalid_argument on
+// any other name.
+const char* avx512_decode();
+void set_avx512_decode(const std::string& choice);
+bool avx512_decode_zen5();   // the choice in effect: Zen 5's tiles (read by the kernel, per call)
 
 }  // namespace hina

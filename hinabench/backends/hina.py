@@ -97,7 +97,10 @@ class _Hina(Backend):
         return 0  # the scratch (packed tokens, activations, y rows: O(T*k*(H+I)) bytes) is not weights
 
     def versions(self) -> dict[str, str]:
-        return {**super().versions(), "hina_isa": kernels.isa_variant(self.isa), "hina_numa": self.numa}
+        v = {**super().versions(), "hina_isa": kernels.isa_variant(self.isa), "hina_numa": self.numa}
+        if v["hina_isa"] == "avx512":   # its decode tiles: zen5 or default (kernels.avx512_decode)
+            v["hina_avx512_decode"] = kernels.avx512_decode()
+        return v
 
 
 class _HinaNuma(_Hina):

@@ -62,14 +62,13 @@
 
 #include "glue.h"
 
-#if !defined(HINA_EMU_AVX512)
-#include "common.h"   // cpu_features (cpu.cpp): one_token_prefetch
-#endif
 #include "isa/avx512/attention_vec512.h"  // vec512::hsum16, hsum16x16
 #include "isa/avx512/dpbf16.h"
 
 namespace hina {
 namespace {  // internal linkage: see glue.h, LINKAGE
+
+struct Avx512Zen5;
 
 struct Avx512 {
   using Elem = bf16_t;               // I and the activation: bf16, row-major (the general layout)
@@ -103,24 +102,10 @@ struct Avx512 {
   static X load_x(const bf16_t* p) { return load_bh(p); }
   static void prefetch(const bf16_t* p) { __builtin_prefetch(p, 0, 3); }      // into L1 (prefetcht0)
   static void prefetch_l2(const bf16_t* p) { __builtin_prefetch(p, 0, 2); }   // into L2 (prefetcht1)
-#if !defined(HINA_EMU_AVX512)
-  // One token on AMD Zen 5 (family 26) and later: no software prefetch (glue.h, OneTokenPrefetch).
-  // Measured on a 2-vCPU EPYC Zen 5 (2026-12-05; the builds' modules side by side in one process, 2
-  // threads, every token on the same top-k experts, weights rotated past the L3, alternated rounds,
-  // the two builds' order swapped in the second run; new / old time): T = 1 Mixtral-8x7B 0.958 /
-  // 0.954x, Qwen3-30B-A3B 0.939 / 0.954x, DeepSeek-V3 0.966 / 0.950x (Qwen3 1.080 against 1.142 ms,
-  // 5 rounds); T = 2 (unchanged) 0.995-1.004x; one thread 0.99x. Scratch builds without the prefetch
-  // at M = 2 too: 0.99-1.04x; at M = 2..4: 1.03-1.16x (kept there). Zen 4 and the Xeons measured the
-  // prefetch faster (above): they keep it. Tried on Zen 5 and not kept: two
-  // accumulator chains per (row, token) (a piece's even and odd chunks; every tile, so that the
-  // blockings stay bit-identical), which let a one-token tile stream 1 or 2 rows instead of 4 or 8:
-  // T = 1 0.85-1.02x (Mixtral best), but the M = 3, 4 tiles, halved to fit 32 registers, 1.12-1.22x;
-  // one-token tiles of 1, 2 or 8 rows with the prefetch: 0.97-1.06x of 4.
-  static bool one_token_prefetch() {
-    static const bool on = !(cpu_features().amd && cpu_features().family >= 26);
-    return on;
-  }
-#endif
+  // The decode tiles on AMD Zen 5 (family 26) and later: Avx512Zen5's blocking (below).
+  static constexpr bool kDecodeAlt = true;
+  using DecodeAlt = Avx512Zen5;
+  static bool decode_alt() { return avx512_decode_zen5(); }  // microkernel.cpp
   static W load_w(const bf16_t* p) { return load_bh(p); }
   static Acc fma(Acc acc, const W& w, const X& x) { return dpbf16(acc, w, x); }
   // Horizontal sums: attention_vec512.h's halving tree, 16 at once at a tile's end (the same bits).
@@ -147,6 +132,35 @@ struct Avx512 {
   }
 };
 
+// The decode tiles (M <= 4) on AMD Zen 5 and later (Avx512::decode_alt: cpuid family >= 26, or
+// HINA_AVX512_DECODE=zen5|default), the same sums bit for bit. Measured on a 2-vCPU EPYC Zen 5
+// (2026-12-05; the builds' modules side by side in one process, every token on the same top-k
+// experts, weights rotated past the L3, alternated rounds; new / old time):
+//   - rows far apart (decode_far): a tile's rows from as many equal segments of the task's rows, not
+//     consecutive rows. A standalone loop over a 1 GiB bf16 [N, 4096] matrix, one thread, one token:
+//     4 consecutive rows at a time read 34 GB/s, 2 at a time 25-29, 4 far apart 41, 2 far apart 43,
+//     one row alone 37 (one chain), a plain stream 42-44;
+//   - two chunks of a row before the next row's (decode_unroll 2): 4 consecutive rows 40-42 GB/s
+//     against 34 (4 chunks: 31);
+//   - from 2 tokens, the tile's own rows prefetched 512 elements ahead into L1 (decode_prefetch 3)
+//     in place of the next tile's into L2: one thread, Mixtral-8x7B T = 4 0.81-0.82x (1024 elements
+//     ahead 0.90x, 256 0.89x), T = 2 0.86-0.91x, T = 3 0.81x;
+//   - one token: no prefetch (the previous Zen 5 choice; 256 or 512 elements ahead 0.94x of 0.92x).
+// Together, 2 threads: Mixtral-8x7B T = 1 / 2 / 4 0.88 / 0.95 / 0.93x (one thread 0.92 / 0.86 /
+// 0.82x), DeepSeek-V3 0.93 / 0.88 / 0.86x, Qwen3-30B-A3B T = 2 / 4 0.96 / 0.97x. Qwen3's one-token
+// tiles (rows of 2048 elements, decode_short_k) keep 8 consecutive rows: far apart 1.08-1.12x, 4 or 2
+// rows far apart 1.09 / 1.06x, two chunks at a time 0.99-1.03x.
+struct Avx512Zen5 : Avx512 {
+  static constexpr bool kDecodeAlt = false;
+  static constexpr Blocking kBlocking{
+      /*task_rows=*/256, /*decode_max_m=*/4, /*decode_rows=*/{0, 4, 8, 4, 4},
+      /*mr=*/4, /*nr=*/4, /*k_group=*/0, /*k_sub=*/0,
+      /*mb_max=*/32, /*mb_min=*/32, /*mb_l2_bytes=*/0,
+      /*token_blocks_outer=*/true, /*prefetch_next=*/false, /*decode_prefetch=*/{0, 0, 3, 3, 3},
+      /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/8,
+      /*decode_short_prefetch=*/0, /*decode_far=*/true, /*decode_unroll=*/2, /*decode_ahead=*/512};
+};
+
 #if defined(HINA_AVX512_NOBF16)
 // Without AVX512_BF16 (isa "avx512-nobf16"): the AVX2 kernel's form at 512 bits (microkernel_avx2.cpp)
 // in place of vdpbf16ps's arithmetic on both operands (dpbf16.h): W's 32 bf16 split into even and odd
@@ -166,6 +180,7 @@ struct Avx512 {
 
 // Avx512's accumulators, horizontal sums and prefetches; its own operands, layout and blocking.
 struct Avx512F : Avx512 {
+  static constexpr bool kDecodeAlt = false;  // its own decode tiles everywhere
   using Elem = float;                // I and the activation: fp32, split-32
   struct X { __m512 even, odd; };    // 32 elements of a token's I
   struct W { __m512 even, odd; };    // 32 elements of a W row, as fp32
