@@ -115,10 +115,13 @@ __attribute__((always_inline)) inline void tile_step(typename Kn::Acc (&acc)[R][
 // PF 3: w[r] itself, Kn::kBlocking.decode_ahead elements ahead, into L1. U: U chunks of a row are
 // read (and their multiply-adds issued, in order) before the next row's: a row's accesses come U
 // lines at a time. Neither changes a sum.
+// Row r's sums go to c + r * ldc, or with `pair_ld` (rows taken in pairs, rows_x_tokens) to
+// c + (r / 2) * ldc + (r % 2) * pair_ld.
 template <class Kn, int R, int TT, int PF = 0, int U = 1>
 inline void acc_tile(const bf16_t* const* w, const typename Kn::Elem* const* in, int k0, int k1,
                      typename Kn::Acc* buf, bool first, bool last, float* c, int ldc,
-                     const bf16_t* const* pf = nullptr) {
+                     const bf16_t* const* pf = nullptr, int pair_ld = 0) {
+  auto row_off = [&](int r) { return pair_ld ? (r >> 1) * ldc + (r & 1) * pair_ld : r * ldc; };
   constexpr int C = Kn::kChunk;
   typename Kn::Acc acc[R][TT];
   #pragma GCC unroll 16
@@ -141,7 +144,7 @@ inline void acc_tile(const bf16_t* const* w, const typename Kn::Elem* const* in,
         alignas(64) float s[16];
         Kn::store16(s, Kn::hsum16(v));
         #pragma GCC unroll 16
-        for (int i = 0; i < 16 && g + i < N; ++i) c[((g + i) / TT) * ldc + (g + i) % TT] += s[i];
+        for (int i = 0; i < 16 && g + i < N; ++i) c[row_off((g + i) / TT) + (g + i) % TT] += s[i];
       }
       return;
     }
@@ -150,7 +153,7 @@ inline void acc_tile(const bf16_t* const* w, const typename Kn::Elem* const* in,
   for (int r = 0; r < R; ++r)
     #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) {
-      if (last) c[r * ldc + t] += Kn::hsum(acc[r][t]);
+      if (last) c[row_off(r) + t] += Kn::hsum(acc[r][t]);
       else buf[r * TT + t] = acc[r][t];
     }
 }
@@ -166,7 +169,9 @@ inline void dot_tile(const bf16_t* const* w, const typename Kn::Elem* const* in,
 // (piece_ld = 0: pieces chained in ascending order into one sum, the fused plain kernel;
 //  piece_ld = M: one slot per piece, the piece path). Every piece starts from fresh accumulators
 // and adds its horizontal sum into its slot, so a piece's value never depends on R, TT or blocking.
-struct Out { float* c; int64_t row_ld, piece_ld; };
+// group 2: the rows come in pairs (gate_up's interleaved gate and up rows) that a decode tile taking
+// rows far apart (rows_x_tokens' FAR) keeps together.
+struct Out { float* c; int64_t row_ld, piece_ld; int group = 1; };
 
 // All `nrows` rows against tokens in[0..TT), every piece: R rows at a time, U chunks of a row at a
 // time (acc_tile). FAR: the rows cut into R equal segments, tile i takes row i of each: R streams far
@@ -176,16 +181,19 @@ struct Out { float* c; int64_t row_ld, piece_ld; };
 template <class Kn, int R, int TT, int PF, bool FAR = false, int U = 1>
 void rows_x_tokens(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* in,
                    const int32_t* pc, int np, Out o) {
-  // A tile's R rows: w[first + q * stride]; its outputs c + q * ldc.
+  // FAR: tile i takes rows i*G .. i*G+G-1 of each of the R/G segments of S rows (G: o.group, pairs
+  // kept together); else rows i*R .. i*R+R-1. Row q of a tile is w[first + (q / G) * S + q % G].
+  const int G = FAR && o.group == 2 && R % 2 == 0 ? 2 : 1;
   const int tiles = nrows / R;
-  const int stride = FAR ? tiles : 1;
-  const int ldc = int(stride * o.row_ld);
+  const int S = FAR ? tiles * G : 0;
+  const int ldc = FAR ? int(S * o.row_ld) : int(o.row_ld);
+  const int pair_ld = G == 2 ? int(o.row_ld) : 0;
   for (int i = 0; i < tiles; ++i) {
-    const int first = FAR ? i : i * R;
+    const int first = FAR ? i * G : i * R;
     const bf16_t* far_rows[R];
     if constexpr (FAR) {
       #pragma GCC unroll 16
-      for (int q = 0; q < R; ++q) far_rows[q] = w[first + q * stride];
+      for (int q = 0; q < R; ++q) far_rows[q] = w[first + (q / G) * S + q % G];
     }
     // (not copied when consecutive: the copy cost Qwen3-30B-A3B's one-token tiles 1.05x the time)
     const bf16_t* const* wr = FAR ? far_rows : w + first;
@@ -198,15 +206,15 @@ void rows_x_tokens(const bf16_t* const* w, int nrows, const typename Kn::Elem* c
       // row is cut 2016 + 32: the 32-element piece prefetched 32 elements of the next tile's 2016.)
       if constexpr (PF == 1 || PF == 2) {
         if (i + 1 < tiles) {
-          const int next = FAR ? i + 1 : first + R;
+          const int next = FAR ? first + G : first + R;
           const bf16_t* pf[R];
-          for (int q = 0; q < R; ++q) pf[q] = w[next + q * stride] + pc[2 * p];
-          acc_tile<Kn, R, TT, PF, U>(wr, in, pc[2 * p], pc[2 * p + 1], nullptr, true, true, c, ldc, pf);
+          for (int q = 0; q < R; ++q) pf[q] = w[next + (FAR ? (q / G) * S + q % G : q)] + pc[2 * p];
+          acc_tile<Kn, R, TT, PF, U>(wr, in, pc[2 * p], pc[2 * p + 1], nullptr, true, true, c, ldc, pf, pair_ld);
           continue;
         }
-        acc_tile<Kn, R, TT, 0, U>(wr, in, pc[2 * p], pc[2 * p + 1], nullptr, true, true, c, ldc);
+        acc_tile<Kn, R, TT, 0, U>(wr, in, pc[2 * p], pc[2 * p + 1], nullptr, true, true, c, ldc, nullptr, pair_ld);
       } else {
-        acc_tile<Kn, R, TT, PF, U>(wr, in, pc[2 * p], pc[2 * p + 1], nullptr, true, true, c, ldc);
+        acc_tile<Kn, R, TT, PF, U>(wr, in, pc[2 * p], pc[2 * p + 1], nullptr, true, true, c, ldc, nullptr, pair_ld);
       }
     }
   }
@@ -233,7 +241,7 @@ void decode(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* i
   }
   if constexpr (TT == 1 && B.decode_short_k != 0) {
     if (pc[2 * np - 1] - pc[0] <= B.decode_short_k)
-      return rows_x_tokens<Kn, B.decode_short_rows, 1, B.decode_short_prefetch>(w, nrows, in, pc, np, o);
+      return rows_x_tokens<Kn, B.decode_short_rows, 1, B.decode_short_prefetch, B.decode_far>(w, nrows, in, pc, np, o);
   }
   rows_x_tokens<Kn, B.decode_rows[TT], TT, B.decode_prefetch[TT], B.decode_far, B.decode_unroll>(
       w, nrows, in, pc, np, o);
@@ -352,14 +360,14 @@ thread_local ThreadScratch<int> tl_row_of{nullptr, 0};
 // path's, which took such matrices before through a partial buffer and a scalar reduction).
 template <class Kn>
 void mm_rows_chained(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int M, int K,
-                     float* c) {
+                     float* c, int group = 1) {
   int32_t pc[2 * kMaxPieces];
   const int c0 = piece_phase(w[0]);
   bool shared = true;
   for (int r = 1; r < nrows && shared; ++r) shared = piece_phase(w[r]) == c0;
   if (shared) {
     const int np = row_pieces(c0, K, pc);
-    mm_rows<Kn>(w, nrows, I, M, K, pc, np, Out{c, M, 0});
+    mm_rows<Kn>(w, nrows, I, M, K, pc, np, Out{c, M, 0, group});
     return;
   }
   constexpr int kClasses = kPieceElems / kShapeMultiple;  // first cuts are multiples of 32
@@ -406,7 +414,7 @@ void gate_up(const GateUpTask& t) {
         rows[2 * j + 1] = t.w_up + j * t.ldw_up;
       }
       float* c = tl_c.get(size_t(2) * t.n * t.M);
-      mm_rows_chained<Kn>(rows, 2 * t.n, static_cast<const Elem*>(t.I), t.M, t.K, c);
+      mm_rows_chained<Kn>(rows, 2 * t.n, static_cast<const Elem*>(t.I), t.M, t.K, c, /*group=*/2);
       store_act_block<Kn>(t.act, t.act_K, t.n0, t.n, 0, t.M, c, c + t.M, 2 * int64_t(t.M));
       return;
     }

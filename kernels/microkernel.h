@@ -112,8 +112,9 @@ struct Blocking {
   // every tile starts on new pages; decode_short_rows rows per tile, decode_short_prefetch as above
   // (decode_short_k 0: no such case)
   int decode_short_k, decode_short_rows, decode_short_prefetch;
-  // decode tiles (all but one token's short rows): row q of a tile from the q-th of decode_rows[M]
-  // equal segments of the rows (streams far apart in memory; else consecutive rows, a W row apart)
+  // decode tiles: row q of a tile from the q-th of decode_rows[M] (or decode_short_rows) equal
+  // segments of the rows, a gate row and its up row kept together (streams far apart in memory; else
+  // consecutive rows, a W row apart)
   bool decode_far = false;
   int decode_unroll = 1;   // decode tiles: chunks of a row read together before the next row's
   int decode_ahead = 0;    // decode_prefetch 3's distance, elements

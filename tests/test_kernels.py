@@ -365,13 +365,14 @@ def test_avx512_builds_with_and_without_bf16_agree():
 def test_avx512_decode_tiles_agree_bit_for_bit(isa):
     """The AVX-512 kernel's two decode blockings (kernels.avx512_decode: default, and zen5: rows far
     apart, two chunks of a row at a time, the tile's own rows prefetched) give the same bits, one to
-    four tokens per expert, on rows that share their cuts (K = 4096) and rows that do not (K = 2560 and
-    736: classes of rows whose sizes leave rows over after the segments), on the same tensors (the cuts
-    follow the weights' addresses), and match the reference."""
+    four tokens per expert, on rows that share their cuts (K = 4096; K = 2048, one token's short rows,
+    gate and up rows in pairs) and rows that do not (K = 2560, 768 and 736: classes of rows whose sizes
+    leave rows over after the segments), on the same tensors (the cuts follow the weights' addresses),
+    and match the reference."""
     need(isa)
     setting = kernels._module(isa).avx512_decode()[0]
     try:
-        for H, I in ((4096, 256), (2560, 736)):
+        for H, I in ((4096, 256), (2048, 768), (2560, 736)):
             for T in (1, 2, 3, 4):
                 d = materialize(FFNProblem.custom(H, I, T, 2, routed_experts=2, seed=T), rotate=False)
                 out = {}

@@ -137,19 +137,26 @@ struct Avx512 {
 // (2026-12-05; the builds' modules side by side in one process, every token on the same top-k
 // experts, weights rotated past the L3, alternated rounds; new / old time):
 //   - rows far apart (decode_far): a tile's rows from as many equal segments of the task's rows, not
-//     consecutive rows. A standalone loop over a 1 GiB bf16 [N, 4096] matrix, one thread, one token:
-//     4 consecutive rows at a time read 34 GB/s, 2 at a time 25-29, 4 far apart 41, 2 far apart 43,
-//     one row alone 37 (one chain), a plain stream 42-44;
+//     consecutive rows; gate_up's gate row and its up row stay together (pairs from half as many
+//     segments). A standalone loop over a 1 GiB bf16 [N, 4096] matrix, one thread, one token: 4
+//     consecutive rows at a time read 34 GB/s, 2 at a time 25-29, 4 far apart 41, 2 far apart 43, one
+//     row alone 37 (one chain), a plain stream 42-44; rows of 2048 elements: 8 consecutive 32, 4 far
+//     apart 43, 8 far apart 37;
 //   - two chunks of a row before the next row's (decode_unroll 2): 4 consecutive rows 40-42 GB/s
 //     against 34 (4 chunks: 31);
 //   - from 2 tokens, the tile's own rows prefetched 512 elements ahead into L1 (decode_prefetch 3)
 //     in place of the next tile's into L2: one thread, Mixtral-8x7B T = 4 0.81-0.82x (1024 elements
 //     ahead 0.90x, 256 0.89x), T = 2 0.86-0.91x, T = 3 0.81x;
-//   - one token: no prefetch (the previous Zen 5 choice; 256 or 512 elements ahead 0.94x of 0.92x).
-// Together, 2 threads: Mixtral-8x7B T = 1 / 2 / 4 0.88 / 0.95 / 0.93x (one thread 0.92 / 0.86 /
-// 0.82x), DeepSeek-V3 0.93 / 0.88 / 0.86x, Qwen3-30B-A3B T = 2 / 4 0.96 / 0.97x. Qwen3's one-token
-// tiles (rows of 2048 elements, decode_short_k) keep 8 consecutive rows: far apart 1.08-1.12x, 4 or 2
-// rows far apart 1.09 / 1.06x, two chunks at a time 0.99-1.03x.
+//   - one token: no prefetch (the previous Zen 5 choice; 256 or 512 elements ahead 0.94x of 0.92x);
+//     rows of at most 2048 elements (decode_short_k: Qwen3-30B-A3B, DeepSeek-V3's down projection)
+//     4 far apart, not 8 consecutive: Qwen3 T = 1 0.96x, DeepSeek-V3 T = 1 0.96x (8 far apart
+//     1.08-1.12x, 2 far apart 1.01x, two chunks at a time 0.99-1.03x).
+// Together, 2 threads, against the default tiles: Mixtral-8x7B T = 1 / 2 / 3 / 4 0.90 / 0.88 / 0.85 /
+// 0.86x (T = 1 8.6-9.4 ms, at the read probe's rate), DeepSeek-V3 0.94 / 0.88 / 0.88 / 0.88x,
+// Qwen3-30B-A3B 0.96 / 0.87 / 0.97 / 0.97x; one thread, Mixtral T = 1 / 2 / 4 0.92 / 0.86 / 0.82x.
+// Not closed: Qwen3 at T = 1 streams ~30 GB/s a core against the probe's 42 (vllm:sgl's packed
+// layout reads at the probe's rate); rows of 768 elements (its down projection, classes of cuts)
+// read at ~0.7 of the probe, rows of 2048 at ~0.8.
 struct Avx512Zen5 : Avx512 {
   static constexpr bool kDecodeAlt = false;
   static constexpr Blocking kBlocking{
@@ -157,7 +164,7 @@ struct Avx512Zen5 : Avx512 {
       /*mr=*/4, /*nr=*/4, /*k_group=*/0, /*k_sub=*/0,
       /*mb_max=*/32, /*mb_min=*/32, /*mb_l2_bytes=*/0,
       /*token_blocks_outer=*/true, /*prefetch_next=*/false, /*decode_prefetch=*/{0, 0, 3, 3, 3},
-      /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/8,
+      /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/4,
       /*decode_short_prefetch=*/0, /*decode_far=*/true, /*decode_unroll=*/2, /*decode_ahead=*/512};
 };
 
