@@ -86,10 +86,10 @@ def _module(isa: str):
     mod = _LOADED.get(name)
     if mod is not None:
         return mod
-    env = os.environ.get("HINA_AVX512_DECODE", "").strip()
-    if env and env not in AVX512_DECODE:
+    env = os.environ.get("HINA_AVX512_BLOCKING", "").strip()
+    if env and env not in AVX512_BLOCKING:
         from .errors import UserError
-        raise UserError(f"HINA_AVX512_DECODE must be one of {', '.join(AVX512_DECODE)} (got '{env}')")
+        raise UserError(f"HINA_AVX512_BLOCKING must be one of {', '.join(AVX512_BLOCKING)} (got '{env}')")
     try:
         mod = _LOADED[name] = load(name)
     except NativeMissing as e:
@@ -97,19 +97,20 @@ def _module(isa: str):
     return mod
 
 
-AVX512_DECODE = ("auto", "default", "zen5")
+AVX512_BLOCKING = ("auto", "default", "zen5")
 
 
-def avx512_decode(choice: str | None = None, *, isa: str = "avx512") -> str:
-    """The AVX-512 BF16 kernel's decode tiles (1-4 tokens an expert) in this process, for `isa`'s module
-    ("avx512" and "avx512-emulated" are separate modules, each with its own setting): "zen5" (rows far
-    apart, two chunks of a row at a time, the tile's own rows prefetched: measured faster on Zen 5) or
-    "default" (measured on Zen 4 and the Xeons). The same bits either way. `choice` "auto" (the start,
-    unless HINA_AVX512_DECODE names one) takes zen5 on AMD family >= 26, default elsewhere. Returns the
-    tiles in effect."""
-    if choice is not None and choice not in AVX512_DECODE:
-        raise ValueError(f"avx512 decode tiles must be one of {', '.join(AVX512_DECODE)} (got '{choice}')")
-    _setting, in_effect = _module(isa).avx512_decode(choice)
+def avx512_blocking(choice: str | None = None, *, isa: str = "avx512") -> str:
+    """The AVX-512 BF16 kernel's blocking in this process, for `isa`'s module ("avx512" and
+    "avx512-emulated" are separate modules, each with its own setting): "zen5" (decode tiles with rows
+    far apart, two chunks of a row at a time, the tile's own rows prefetched; from 5 tokens, blocks of
+    128 tokens and the next W piece prefetched: measured faster on Zen 5) or "default" (measured on
+    Zen 4 and the Xeons). The same bits either way. `choice` "auto" (the start, unless
+    HINA_AVX512_BLOCKING names one) takes zen5 on AMD family >= 26, default elsewhere. Returns the
+    blocking in effect."""
+    if choice is not None and choice not in AVX512_BLOCKING:
+        raise ValueError(f"avx512 blocking must be one of {', '.join(AVX512_BLOCKING)} (got '{choice}')")
+    _setting, in_effect = _module(isa).avx512_blocking(choice)
     return in_effect
 
 

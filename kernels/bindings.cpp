@@ -141,13 +141,13 @@ void register_moe(py::module_& m) {
     return d;
   }, "Testing: what the last partitioned call read (with moe_numa_debug(True)).");
   m.def(
-      "avx512_decode",
+      "avx512_blocking",
       [](const std::optional<std::string>& choice) {
-        if (choice) set_avx512_decode(*choice);
-        return py::make_tuple(std::string(avx512_decode()), avx512_decode_zen5() ? "zen5" : "default");
+        if (choice) set_avx512_blocking(*choice);
+        return py::make_tuple(std::string(avx512_blocking()), avx512_blocking_zen5() ? "zen5" : "default");
       },
       py::arg("choice") = py::none(),
-      "The AVX-512 BF16 kernel's decode tiles: auto (Zen 5's on AMD family >= 26), default or zen5 "
+      "The AVX-512 BF16 kernel's blocking: auto (Zen 5's on AMD family >= 26), default or zen5 "
       "(the same bits); sets it when given. Returns (the setting, the tiles in effect).");
   m.def("moe_scratch_bytes", &moe_last_scratch_bytes,
         "Scratch bytes (packed I, activations, y rows) the last moe_ffn call used.");

@@ -23,8 +23,8 @@
 //                     hsum(Acc) -> float (optional: hsum16 and store16, 16 sums at once, the
 //                     same bits), packed_bytes, pack_tokens; prefetch(const bf16_t*)
 //                     (into L1) and prefetch_l2 where kBlocking's prefetch fields ask for them;
-//                     optional: kDecodeAlt, DecodeAlt (traits with another kBlocking for the decode
-//                     tiles) and decode_alt() (whether to take it on this CPU, per call)
+//                     optional: kAltBlocking, AltBlocking (traits with another kBlocking) and
+//                     alt_blocking() (whether to take it on this CPU, per call)
 #pragma once
 #include <cstdlib>
 #include <cstring>
@@ -224,11 +224,11 @@ void rows_x_tokens(const bf16_t* const* w, int nrows, const typename Kn::Elem* c
                           int(o.row_ld));
 }
 
-// Kn::DecodeAlt (where Kn::kDecodeAlt): traits whose kBlocking replaces Kn's for the decode tiles
-// when Kn::decode_alt() says so on this CPU, a choice made at run time. The sums are the same bits.
-template <class Kn, class = void> struct DecodeAlt { static constexpr bool value = false; };
+// Kn::AltBlocking (where Kn::kAltBlocking): traits whose kBlocking replaces Kn's in mm_rows when
+// Kn::alt_blocking() says so on this CPU, a choice made at run time, per call. The same bits.
+template <class Kn, class = void> struct HasAltBlocking { static constexpr bool value = false; };
 template <class Kn>
-struct DecodeAlt<Kn, decltype(void(Kn::kDecodeAlt))> { static constexpr bool value = Kn::kDecodeAlt; };
+struct HasAltBlocking<Kn, decltype(void(Kn::kAltBlocking))> { static constexpr bool value = Kn::kAltBlocking; };
 
 // Decode (M <= decode_max_m tokens): each W row streamed once, all tokens in registers,
 // decode_rows[M] rows per tile.
@@ -261,6 +261,9 @@ thread_local ThreadScratch<typename Kn::Acc> tl_acc{nullptr, 0};
 template <class Kn>
 void mm_rows(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int M, int K,
              const int32_t* pc, int np, Out o) {
+  if constexpr (HasAltBlocking<Kn>::value) {
+    if (Kn::alt_blocking()) return mm_rows<typename Kn::AltBlocking>(w, nrows, I, M, K, pc, np, o);
+  }
   using Elem = typename Kn::Elem;
   constexpr Blocking B = Kn::kBlocking;
   constexpr int MR = B.mr, NR = B.nr;
@@ -268,10 +271,6 @@ void mm_rows(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int 
   const Elem* in[B.mb_max];
   if (M <= B.decode_max_m) {
     for (int t = 0; t < M; ++t) in[t] = I + int64_t(t) * ILd<Kn>::of(K);
-    if constexpr (DecodeAlt<Kn>::value) {
-      static_assert(Kn::DecodeAlt::kBlocking.decode_max_m == B.decode_max_m, "one decode range");
-      if (Kn::decode_alt()) return decode<typename Kn::DecodeAlt>(w, nrows, in, M, pc, np, o);
-    }
     decode<Kn>(w, nrows, in, M, pc, np, o);
     return;
   }

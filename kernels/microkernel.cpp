@@ -63,20 +63,20 @@ const QuantMicroKernel& find_quant_microkernel(const std::string& isa, Dtype dty
                               "' in this module (" + dname + " has: " + (known.empty() ? "none" : known) + ")");
 }
 
-// ---- the AVX-512 BF16 kernel's decode blocking (microkernel.h) --------------------------------------
+// ---- the AVX-512 BF16 kernel's blocking (microkernel.h) ---------------------------------------------
 namespace {
-constexpr const char* kDecodeChoices[] = {"auto", "default", "zen5"};
-int decode_choice_of(const std::string& name) {
+constexpr const char* kBlockingChoices[] = {"auto", "default", "zen5"};
+int blocking_choice_of(const std::string& name) {
   for (int i = 0; i < 3; ++i)
-    if (name == kDecodeChoices[i]) return i;
-  throw std::invalid_argument("avx512 decode blocking must be auto, default or zen5 (got '" + name + "')");
+    if (name == kBlockingChoices[i]) return i;
+  throw std::invalid_argument("avx512 blocking must be auto, default or zen5 (got '" + name + "')");
 }
-std::atomic<int>& decode_choice() {
+std::atomic<int>& blocking_choice() {
   static std::atomic<int> c{[] {
-    const char* e = std::getenv("HINA_AVX512_DECODE");
+    const char* e = std::getenv("HINA_AVX512_BLOCKING");
     if (e == nullptr || *e == 0) return 0;
     try {
-      return decode_choice_of(e);
+      return blocking_choice_of(e);
     } catch (const std::invalid_argument&) {
       return 0;  // a bad value in the environment: auto (hinabench.kernels says so)
     }
@@ -85,9 +85,9 @@ std::atomic<int>& decode_choice() {
 }
 }  // namespace
 
-const char* avx512_decode() { return kDecodeChoices[decode_choice().load(std::memory_order_relaxed)]; }
-bool avx512_decode_zen5() {
-  const int c = decode_choice().load(std::memory_order_relaxed);
+const char* avx512_blocking() { return kBlockingChoices[blocking_choice().load(std::memory_order_relaxed)]; }
+bool avx512_blocking_zen5() {
+  const int c = blocking_choice().load(std::memory_order_relaxed);
   if (c != 0) return c == 2;
 #if defined(HINA_EMU_MODULE_NAME)
   return false;  // an emulated module: no CPU of its own (cpu.cpp is _C's)
@@ -96,6 +96,6 @@ bool avx512_decode_zen5() {
   return zen5;
 #endif
 }
-void set_avx512_decode(const std::string& choice) { decode_choice().store(decode_choice_of(choice)); }
+void set_avx512_blocking(const std::string& choice) { blocking_choice().store(blocking_choice_of(choice)); }
 
 }  // namespace hina

@@ -164,12 +164,12 @@ const std::vector<const MicroKernel*>& microkernels();
 // this module, or if the CPU (or the OS) does not allow its ISA: never SIGILL.
 const MicroKernel& find_microkernel(const std::string& isa, Dtype dtype);
 
-// The AVX-512 BF16 kernel's decode tiles (isa/avx512/microkernel_avx512.cpp): "auto" (Zen 5's on AMD
+// The AVX-512 BF16 kernel's blocking (isa/avx512/microkernel_avx512.cpp): "auto" (Zen 5's on AMD
 // family >= 26, else the default), "default" or "zen5"; the same bits whichever. Starts from the
-// environment's HINA_AVX512_DECODE (else "auto"); set_avx512_decode throws std::invalid_argument on
-// any other name.
-const char* avx512_decode();
-void set_avx512_decode(const std::string& choice);
-bool avx512_decode_zen5();   // the choice in effect: Zen 5's tiles (read by the kernel, per call)
+// environment's HINA_AVX512_BLOCKING (else "auto"); set_avx512_blocking throws std::invalid_argument
+// on any other name.
+const char* avx512_blocking();
+void set_avx512_blocking(const std::string& choice);
+bool avx512_blocking_zen5();   // the choice in effect: Zen 5's tiles (read by the kernel, per call)
 
 }  // namespace hina

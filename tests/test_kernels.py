@@ -362,43 +362,44 @@ def test_avx512_builds_with_and_without_bf16_agree():
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx512-emulated"])
-def test_avx512_decode_tiles_agree_bit_for_bit(isa):
-    """The AVX-512 kernel's two decode blockings (kernels.avx512_decode: default, and zen5: rows far
-    apart, two chunks of a row at a time, the tile's own rows prefetched) give the same bits, one to
-    four tokens per expert, on rows that share their cuts (K = 4096; K = 2048, one token's short rows,
-    gate and up rows in pairs) and rows that do not (K = 2560, 768 and 736: classes of rows whose sizes
-    leave rows over after the segments), on the same tensors (the cuts follow the weights' addresses),
-    and match the reference."""
+def test_avx512_blockings_agree_bit_for_bit(isa):
+    """The AVX-512 kernel's two blockings (kernels.avx512_blocking: default, and zen5: decode tiles with
+    rows far apart, two chunks of a row at a time, the tile's own rows prefetched; token blocks of 128,
+    the next W piece prefetched) give the same bits, one to four tokens per expert and more (5: the
+    blocked tiles; 37, 150: one block against several), on rows that share their cuts (K = 4096;
+    K = 2048, one token's short rows, gate and up rows in pairs) and rows that do not (K = 2560, 768
+    and 736: classes of rows whose sizes leave rows over after the segments), on the same tensors (the
+    cuts follow the weights' addresses), and match the reference."""
     need(isa)
-    setting = kernels._module(isa).avx512_decode()[0]
+    setting = kernels._module(isa).avx512_blocking()[0]
     try:
         for H, I in ((4096, 256), (2048, 768), (2560, 736)):
-            for T in (1, 2, 3, 4):
+            for T in (1, 2, 3, 4, 5, 37) + ((150,) if isa == "avx512" else ()):
                 d = materialize(FFNProblem.custom(H, I, T, 2, routed_experts=2, seed=T), rotate=False)
                 out = {}
-                for tiles in ("default", "zen5"):
-                    assert kernels.avx512_decode(tiles, isa=isa) == tiles
-                    out[tiles] = run(d, isa)
+                for blocking in ("default", "zen5"):
+                    assert kernels.avx512_blocking(blocking, isa=isa) == blocking
+                    out[blocking] = run(d, isa)
                 assert torch.equal(out["default"], out["zen5"]), f"H={H} I={I} T={T}"
                 check(out["zen5"], d.reference(), f"{isa} zen5 H={H} I={I} T={T}")
     finally:
-        kernels.avx512_decode(setting, isa=isa)
+        kernels.avx512_blocking(setting, isa=isa)
     with pytest.raises(ValueError, match="auto, default, zen5"):
-        kernels.avx512_decode("zen4", isa=isa)
+        kernels.avx512_blocking("zen4", isa=isa)
 
 
-def test_avx512_decode_tiles_from_the_environment():
-    """HINA_AVX512_DECODE sets the start (here on the emulated module, which has no CPU rule: auto is
+def test_avx512_blocking_from_the_environment():
+    """HINA_AVX512_BLOCKING sets the start (here on the emulated module, which has no CPU rule: auto is
     default there); a name it does not know is a clear error, not a silent default."""
     need("avx512-emulated")
-    code = "from hinabench import kernels; print(kernels.avx512_decode(isa='avx512-emulated'))"
+    code = "from hinabench import kernels; print(kernels.avx512_blocking(isa='avx512-emulated'))"
     for env, want in (("zen5", "zen5"), ("default", "default"), ("auto", "default"), ("", "default")):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "HINA_AVX512_DECODE": env}, cwd=tempfile.gettempdir())
+                           env={**os.environ, "HINA_AVX512_BLOCKING": env}, cwd=tempfile.gettempdir())
         assert r.returncode == 0 and r.stdout.strip() == want, (env, r.stdout, r.stderr)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "HINA_AVX512_DECODE": "zen4"}, cwd=tempfile.gettempdir())
-    assert r.returncode != 0 and "HINA_AVX512_DECODE must be one of auto, default, zen5" in r.stderr
+                       env={**os.environ, "HINA_AVX512_BLOCKING": "zen4"}, cwd=tempfile.gettempdir())
+    assert r.returncode != 0 and "HINA_AVX512_BLOCKING must be one of auto, default, zen5" in r.stderr
 
 
 # ---- an ISA the CPU lacks: a clear error, never SIGILL (in a subprocess, to be safe) ------------------

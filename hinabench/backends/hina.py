@@ -98,8 +98,8 @@ class _Hina(Backend):
 
     def versions(self) -> dict[str, str]:
         v = {**super().versions(), "hina_isa": kernels.isa_variant(self.isa), "hina_numa": self.numa}
-        if v["hina_isa"] == "avx512":   # its decode tiles: zen5 or default (kernels.avx512_decode)
-            v["hina_avx512_decode"] = kernels.avx512_decode()
+        if v["hina_isa"] == "avx512":   # its blocking: zen5 or default (kernels.avx512_blocking)
+            v["hina_avx512_blocking"] = kernels.avx512_blocking()
         return v
 
 

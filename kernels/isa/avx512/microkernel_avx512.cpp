@@ -103,9 +103,9 @@ struct Avx512 {
   static void prefetch(const bf16_t* p) { __builtin_prefetch(p, 0, 3); }      // into L1 (prefetcht0)
   static void prefetch_l2(const bf16_t* p) { __builtin_prefetch(p, 0, 2); }   // into L2 (prefetcht1)
   // The decode tiles on AMD Zen 5 (family 26) and later: Avx512Zen5's blocking (below).
-  static constexpr bool kDecodeAlt = true;
-  using DecodeAlt = Avx512Zen5;
-  static bool decode_alt() { return avx512_decode_zen5(); }  // microkernel.cpp
+  static constexpr bool kAltBlocking = true;
+  using AltBlocking = Avx512Zen5;
+  static bool alt_blocking() { return avx512_blocking_zen5(); }  // microkernel.cpp
   static W load_w(const bf16_t* p) { return load_bh(p); }
   static Acc fma(Acc acc, const W& w, const X& x) { return dpbf16(acc, w, x); }
   // Horizontal sums: attention_vec512.h's halving tree, 16 at once at a tile's end (the same bits).
@@ -132,10 +132,10 @@ struct Avx512 {
   }
 };
 
-// The decode tiles (M <= 4) on AMD Zen 5 and later (Avx512::decode_alt: cpuid family >= 26, or
-// HINA_AVX512_DECODE=zen5|default), the same sums bit for bit. Measured on a 2-vCPU EPYC Zen 5
+// The blocking on AMD Zen 5 and later (Avx512::alt_blocking: cpuid family >= 26, or
+// HINA_AVX512_BLOCKING=zen5|default), the same sums bit for bit. Measured on a 2-vCPU EPYC Zen 5
 // (2026-12-05; the builds' modules side by side in one process, every token on the same top-k
-// experts, weights rotated past the L3, alternated rounds; new / old time):
+// experts, weights rotated past the L3, alternated rounds; new / old time). The decode tiles (M <= 4):
 //   - rows far apart (decode_far): a tile's rows from as many equal segments of the task's rows, not
 //     consecutive rows; gate_up's gate row and its up row stay together (pairs from half as many
 //     segments). A standalone loop over a 1 GiB bf16 [N, 4096] matrix, one thread, one token: 4
@@ -157,13 +157,20 @@ struct Avx512 {
 // Not closed: Qwen3 at T = 1 streams ~30 GB/s a core against the probe's 42 (vllm:sgl's packed
 // layout reads at the probe's rate); rows of 768 elements (its down projection, classes of cuts)
 // read at ~0.7 of the probe, rows of 2048 at ~0.8.
+// From 5 tokens: token blocks of 128 (W re-read once per 128 tokens, the block's I slice over a piece
+// 512 KiB in L2), and the first tile of a row group prefetches the next W piece into L2
+// (prefetch_next 2). 2 threads, against blocks of 32 without the prefetch: Mixtral-8x7B T = 16 / 64
+// / 256 0.94 / 0.85 / 0.87x, Qwen3-30B-A3B 0.84 / 0.86 / 0.88x, DeepSeek-V3 T = 64 0.85x; the
+// prefetch alone 0.93-0.94x, blocks of 64 0.85-0.90x, of 256 0.85-0.99x. Tried and not kept: blocks of
+// 8 or 16 (1.13-1.38x), K sub-blocks of 512 with the token blocks inside the pieces (1.26-1.36x),
+// 2 x 8 tiles (1.55-1.62x), 8 x 2 tiles (0.92-0.94x, as the prefetch alone).
 struct Avx512Zen5 : Avx512 {
-  static constexpr bool kDecodeAlt = false;
+  static constexpr bool kAltBlocking = false;
   static constexpr Blocking kBlocking{
       /*task_rows=*/256, /*decode_max_m=*/4, /*decode_rows=*/{0, 4, 8, 4, 4},
       /*mr=*/4, /*nr=*/4, /*k_group=*/0, /*k_sub=*/0,
-      /*mb_max=*/32, /*mb_min=*/32, /*mb_l2_bytes=*/0,
-      /*token_blocks_outer=*/true, /*prefetch_next=*/false, /*decode_prefetch=*/{0, 0, 3, 3, 3},
+      /*mb_max=*/128, /*mb_min=*/128, /*mb_l2_bytes=*/0,
+      /*token_blocks_outer=*/true, /*prefetch_next=*/2, /*decode_prefetch=*/{0, 0, 3, 3, 3},
       /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/4,
       /*decode_short_prefetch=*/0, /*decode_far=*/true, /*decode_unroll=*/2, /*decode_ahead=*/512};
 };
@@ -187,7 +194,7 @@ struct Avx512Zen5 : Avx512 {
 
 // Avx512's accumulators, horizontal sums and prefetches; its own operands, layout and blocking.
 struct Avx512F : Avx512 {
-  static constexpr bool kDecodeAlt = false;  // its own decode tiles everywhere
+  static constexpr bool kAltBlocking = false;  // its own decode tiles everywhere
   using Elem = float;                // I and the activation: fp32, split-32
   struct X { __m512 even, odd; };    // 32 elements of a token's I
   struct W { __m512 even, odd; };    // 32 elements of a W row, as fp32
