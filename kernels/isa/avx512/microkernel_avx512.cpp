@@ -147,10 +147,15 @@ struct Avx512 {
 //   - from 2 tokens, the tile's own rows prefetched 512 elements ahead into L1 (decode_prefetch 3)
 //     in place of the next tile's into L2: one thread, Mixtral-8x7B T = 4 0.81-0.82x (1024 elements
 //     ahead 0.90x, 256 0.89x), T = 2 0.86-0.91x, T = 3 0.81x;
-//   - one token: no prefetch (the previous Zen 5 choice; 256 or 512 elements ahead 0.94x of 0.92x);
-//     rows of at most 2048 elements (decode_short_k: Qwen3-30B-A3B, DeepSeek-V3's down projection)
-//     4 far apart, not 8 consecutive: Qwen3 T = 1 0.96x, DeepSeek-V3 T = 1 0.96x (8 far apart
-//     1.08-1.12x, 2 far apart 1.01x, two chunks at a time 0.99-1.03x).
+//   - one token: no prefetch (the first Zen 5 session, then still in the default tiles: T = 1 Mixtral
+//     0.955x, Qwen3-30B-A3B 0.94-0.95x, DeepSeek-V3 0.95-0.97x, two runs with the builds' order
+//     swapped; at M = 2..4 the prefetch's absence cost 1.03-1.16x; here, 256 or 512 elements ahead
+//     0.94x against 0.92x without). Tried then and not kept: two accumulator chains per (row, token)
+//     (a piece's even and odd chunks, every tile, so the blockings stay bit-identical): T = 1
+//     0.85-1.02x, but the M = 3, 4 tiles, halved to fit 32 registers, 1.12-1.22x;
+//   - one token, rows of at most 2048 elements (decode_short_k: Qwen3-30B-A3B, DeepSeek-V3's down
+//     projection): 4 far apart, not 8 consecutive: Qwen3 T = 1 0.96x, DeepSeek-V3 T = 1 0.96x (8 far
+//     apart 1.08-1.12x, 2 far apart 1.01x, two chunks at a time 0.99-1.03x).
 // Together, 2 threads, against the default tiles: Mixtral-8x7B T = 1 / 2 / 3 / 4 0.90 / 0.88 / 0.85 /
 // 0.86x (T = 1 8.6-9.4 ms, at the read probe's rate), DeepSeek-V3 0.94 / 0.88 / 0.88 / 0.88x,
 // Qwen3-30B-A3B 0.96 / 0.87 / 0.97 / 0.97x; one thread, Mixtral T = 1 / 2 / 4 0.92 / 0.86 / 0.82x.
