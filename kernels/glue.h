@@ -174,10 +174,10 @@ inline void dot_tile(const bf16_t* const* w, const typename Kn::Elem* const* in,
 struct Out { float* c; int64_t row_ld, piece_ld; int group = 1; };
 
 // All `nrows` rows against tokens in[0..TT), every piece: R rows at a time, U chunks of a row at a
-// time (acc_tile). FAR: the rows cut into R equal segments, tile i takes row i of each: R streams far
-// apart in memory instead of a W row apart (on Zen 5, 2026-12-05, one thread: two consecutive rows at
-// a time read at 0.6-0.7 of one stream's rate, four at 0.8, two or four far apart at 0.95-1.0); the
-// rows left over after the R segments go one at a time.
+// time (acc_tile). FAR: the rows cut into R equal segments, tile i takes row i of each (with pairs,
+// o.group 2: R/2 segments, pair i of each): R streams far apart in memory instead of a W row apart
+// (on Zen 5, 2026-12-05, one thread: two consecutive rows at a time read at 0.6-0.7 of one stream's
+// rate, four at 0.8, two or four far apart at 0.95-1.0); the rows left over go one at a time.
 template <class Kn, int R, int TT, int PF, bool FAR = false, int U = 1>
 void rows_x_tokens(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* in,
                    const int32_t* pc, int np, Out o) {
