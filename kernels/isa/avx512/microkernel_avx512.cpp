@@ -168,7 +168,11 @@ struct Avx512 {
 // / 256 0.94 / 0.85 / 0.87x, Qwen3-30B-A3B 0.84 / 0.86 / 0.88x, DeepSeek-V3 T = 64 0.85x; the
 // prefetch alone 0.93-0.94x, blocks of 64 0.85-0.90x, of 256 0.85-0.99x. Tried and not kept: blocks of
 // 8 or 16 (1.13-1.38x), K sub-blocks of 512 with the token blocks inside the pieces (1.26-1.36x),
-// 2 x 8 tiles (1.55-1.62x), 8 x 2 tiles (0.92-0.94x, as the prefetch alone).
+// 2 x 8 tiles (1.55-1.62x), 8 x 2 tiles (0.92-0.94x, as the prefetch alone), row groups far apart
+// (as the decode tiles' rows: 1.00-1.02x). What bounds these tiles: with W in the L3 (one expert,
+// H = 4096, I = 512, one thread) they run 256 / 294 / 312 GFLOP/s at T = 16 / 64 / 256 against the
+// register-only 524; each 4 x 4 tile reads its 4 tokens' I from L2 for every group of 4 rows (16 bytes
+// per vdpbf16ps).
 struct Avx512Zen5 : Avx512 {
   static constexpr bool kAltBlocking = false;
   static constexpr Blocking kBlocking{
