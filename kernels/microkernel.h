@@ -118,6 +118,8 @@ struct Blocking {
   bool decode_far = false;
   int decode_unroll = 1;   // decode tiles: chunks of a row read together before the next row's
   int decode_ahead = 0;    // decode_prefetch 3's distance, elements
+  int decode_class_rows = 8;  // with decode_far, one token: rows per tile of a class of rows whose
+                              // cuts differ from their neighbours' (taken in order, not far apart)
 };
 
 // ---- the table -----------------------------------------------------------------------------------

@@ -155,7 +155,10 @@ struct Avx512 {
 //     0.85-1.02x, but the M = 3, 4 tiles, halved to fit 32 registers, 1.12-1.22x;
 //   - one token, rows of at most 2048 elements (decode_short_k: Qwen3-30B-A3B, DeepSeek-V3's down
 //     projection): 4 far apart, not 8 consecutive: Qwen3 T = 1 0.96x, DeepSeek-V3 T = 1 0.96x (8 far
-//     apart 1.08-1.12x, 2 far apart 1.01x, two chunks at a time 0.99-1.03x).
+//     apart 1.08-1.12x, 2 far apart 1.01x, two chunks at a time 0.99-1.03x);
+//   - a class of rows whose cuts differ from their neighbours' (Qwen3's down projection, K = 768:
+//     every 8th row, already apart in memory; Out::group 0) in order, not far apart: Qwen3 T = 1 / 2 /
+//     4 0.95-0.98 / 0.96 / 1.00x (decode_class_rows 8; 4: 0.96x).
 // Together, 2 threads, against the default tiles: Mixtral-8x7B T = 1 / 2 / 3 / 4 0.90 / 0.88 / 0.85 /
 // 0.86x (T = 1 8.6-9.4 ms, at the read probe's rate), DeepSeek-V3 0.94 / 0.88 / 0.88 / 0.88x,
 // Qwen3-30B-A3B 0.96 / 0.87 / 0.97 / 0.97x; one thread, Mixtral T = 1 / 2 / 4 0.92 / 0.86 / 0.82x.
@@ -181,7 +184,8 @@ struct Avx512Zen5 : Avx512 {
       /*mb_max=*/128, /*mb_min=*/128, /*mb_l2_bytes=*/0,
       /*token_blocks_outer=*/true, /*prefetch_next=*/2, /*decode_prefetch=*/{0, 0, 3, 3, 3},
       /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/4,
-      /*decode_short_prefetch=*/0, /*decode_far=*/true, /*decode_unroll=*/2, /*decode_ahead=*/512};
+      /*decode_short_prefetch=*/0, /*decode_far=*/true, /*decode_unroll=*/2, /*decode_ahead=*/512,
+      /*decode_class_rows=*/8};
 };
 
 #if defined(HINA_AVX512_NOBF16)
