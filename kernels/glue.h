@@ -456,11 +456,21 @@ void piece_dots(const PieceTask& t) {
               t.npieces, Out{t.out, int64_t(t.npieces) * t.M, t.M});
 }
 
+// The task rows of Kn's blocking in effect (a kernel with an alternative blocking: per call).
+template <class Kn>
+int task_rows_now() {
+  if constexpr (HasAltBlocking<Kn>::value) {
+    if (Kn::alt_blocking()) return Kn::AltBlocking::kBlocking.task_rows;
+  }
+  return Kn::kBlocking.task_rows;
+}
+
 // A dot-product kernel's table entry (microkernel.h), every function from the glue above.
 template <class Kn>
 constexpr MicroKernel dot_microkernel(const char* isa, const char* cpu_isa) {
   return MicroKernel{isa, Dtype::bf16, cpu_isa, Kn::kBlocking, Kn::packed_bytes, Kn::pack_tokens,
-                     gate_up<Kn>, down<Kn>, piece_dots<Kn>, store_act<Kn>, /*mixed_cuts=*/true};
+                     gate_up<Kn>, down<Kn>, piece_dots<Kn>, store_act<Kn>, /*mixed_cuts=*/true,
+                     HasAltBlocking<Kn>::value ? task_rows_now<Kn> : nullptr};
 }
 
 }  // namespace

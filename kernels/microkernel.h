@@ -142,7 +142,13 @@ struct MicroKernel {
   // gate_up and down also take rows whose piece cuts differ (any row stride), in the canonical
   // order; otherwise the driver sends such a matrix down the piece path.
   bool mixed_cuts = false;
+  // The task rows on this CPU, where a kernel chooses its blocking at run time (nullptr:
+  // blocking.task_rows); the driver reads it through task_rows(mk).
+  int (*task_rows_now)() = nullptr;
 };
+inline int task_rows(const MicroKernel& mk) {
+  return mk.task_rows_now ? mk.task_rows_now() : mk.blocking.task_rows;
+}
 
 // The entries, one per ISA file (isa/<isa>/), each constant-initialised data: reading an entry runs
 // none of its ISA's instructions. In the emulated modules the AMX / AVX-512 entries are the same

@@ -252,8 +252,8 @@ void run(const MoeCall& a, const MicroKernel& mk, int threads, const NumaPlans* 
   pieces.build(slots, partial_gu, partial_down, threads);
 
   // ---- the task lists of phases 3 and 4 -----------------------------------------------------------
-  const int nb_up = block_rows(mk.blocking.task_rows, I, A, threads);
-  const int nb_down = block_rows(mk.blocking.task_rows, H, A, threads);
+  const int nb_up = block_rows(task_rows(mk), I, A, threads);
+  const int nb_down = block_rows(task_rows(mk), H, A, threads);
   const std::vector<Task> up_tasks = fused_gu ? schedule_blocks(A, I, nb_up) : std::vector<Task>{};
   const std::vector<Task> down_tasks = fused_down ? schedule_blocks(A, H, nb_down) : std::vector<Task>{};
 
@@ -486,7 +486,7 @@ void linear_fused(const LinearCall& c, const std::vector<LinearWeight>& ws, cons
     bytes += align64(size_t(c.T) * lw.N * sizeof(float));
     rows_all += lw.N;
   }
-  const int nb = block_rows(mk.blocking.task_rows, rows_all, 1, threads);
+  const int nb = block_rows(task_rows(mk), rows_all, 1, threads);
   std::vector<Task> tasks;
   for (size_t i = 0; i < ws.size(); ++i)
     for (int32_t n0 = 0; n0 < ws[i].N; n0 += nb) tasks.push_back({int32_t(i), n0});

@@ -165,6 +165,8 @@ struct Avx512 {
 // Not closed: Qwen3 at T = 1 streams ~30 GB/s a core against the probe's 42 (vllm:sgl's packed
 // layout reads at the probe's rate); rows of 768 elements (its down projection, classes of cuts)
 // read at ~0.7 of the probe, rows of 2048 at ~0.8.
+// Tasks of 512 rows (256): Qwen3-30B-A3B T = 1 / 2 / 4 0.95-0.96 / 0.99 / 0.98x, T = 16 / 64 0.98x,
+// Mixtral-8x7B and DeepSeek-V3 T = 1 1.00x (1024: as 512; 128: 1.01-1.05x).
 // From 5 tokens: token blocks of 128 (W re-read once per 128 tokens, the block's I slice over a piece
 // 512 KiB in L2), and the first tile of a row group prefetches the next W piece into L2
 // (prefetch_next 2). 2 threads, against blocks of 32 without the prefetch: Mixtral-8x7B T = 16 / 64
@@ -179,7 +181,7 @@ struct Avx512 {
 struct Avx512Zen5 : Avx512 {
   static constexpr bool kAltBlocking = false;
   static constexpr Blocking kBlocking{
-      /*task_rows=*/256, /*decode_max_m=*/4, /*decode_rows=*/{0, 4, 8, 4, 4},
+      /*task_rows=*/512, /*decode_max_m=*/4, /*decode_rows=*/{0, 4, 8, 4, 4},
       /*mr=*/4, /*nr=*/4, /*k_group=*/0, /*k_sub=*/0,
       /*mb_max=*/128, /*mb_min=*/128, /*mb_l2_bytes=*/0,
       /*token_blocks_outer=*/true, /*prefetch_next=*/2, /*decode_prefetch=*/{0, 0, 3, 3, 3},
