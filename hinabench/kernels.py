@@ -86,7 +86,7 @@ def _module(isa: str):
     mod = _LOADED.get(name)
     if mod is not None:
         return mod
-    env = os.environ.get("HINA_AVX512_BLOCKING", "").strip()
+    env = os.environ.get("HINA_AVX512_BLOCKING", "")   # as the C++ reads it: no stripping
     if env and env not in AVX512_BLOCKING:
         from .errors import UserError
         raise UserError(f"HINA_AVX512_BLOCKING must be one of {', '.join(AVX512_BLOCKING)} (got '{env}')")

@@ -148,7 +148,7 @@ void register_moe(py::module_& m) {
       },
       py::arg("choice") = py::none(),
       "The AVX-512 BF16 kernel's blocking: auto (Zen 5's on AMD family >= 26), default or zen5 "
-      "(the same bits); sets it when given. Returns (the setting, the tiles in effect).");
+      "(the same bits); sets it when given. Returns (the setting, the blocking in effect).");
   m.def("moe_scratch_bytes", &moe_last_scratch_bytes,
         "Scratch bytes (packed I, activations, y rows) the last moe_ffn call used.");
   m.def(

@@ -241,14 +241,15 @@ void decode(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* i
   if constexpr (TT < B.decode_max_m) {
     if (M > TT) return decode<Kn, TT + 1>(w, nrows, in, M, pc, np, o);
   }
+  const bool class_rows = B.decode_far && o.group == 0;   // a class's rows: in order (Out)
   if constexpr (TT == 1 && B.decode_short_k != 0) {
     if (pc[2 * np - 1] - pc[0] <= B.decode_short_k) {
-      if (B.decode_far && o.group == 0)
+      if (class_rows)
         return rows_x_tokens<Kn, B.decode_class_rows, 1, B.decode_short_prefetch>(w, nrows, in, pc, np, o);
       return rows_x_tokens<Kn, B.decode_short_rows, 1, B.decode_short_prefetch, B.decode_far>(w, nrows, in, pc, np, o);
     }
   }
-  if (B.decode_far && o.group == 0)
+  if (class_rows)
     return rows_x_tokens<Kn, B.decode_rows[TT], TT, B.decode_prefetch[TT], false, B.decode_unroll>(
         w, nrows, in, pc, np, o);
   rows_x_tokens<Kn, B.decode_rows[TT], TT, B.decode_prefetch[TT], B.decode_far, B.decode_unroll>(

@@ -102,7 +102,7 @@ struct Avx512 {
   static X load_x(const bf16_t* p) { return load_bh(p); }
   static void prefetch(const bf16_t* p) { __builtin_prefetch(p, 0, 3); }      // into L1 (prefetcht0)
   static void prefetch_l2(const bf16_t* p) { __builtin_prefetch(p, 0, 2); }   // into L2 (prefetcht1)
-  // The decode tiles on AMD Zen 5 (family 26) and later: Avx512Zen5's blocking (below).
+  // On AMD Zen 5 (family 26) and later: Avx512Zen5's blocking (below).
   static constexpr bool kAltBlocking = true;
   using AltBlocking = Avx512Zen5;
   static bool alt_blocking() { return avx512_blocking_zen5(); }  // microkernel.cpp
@@ -209,7 +209,7 @@ struct Avx512Zen5 : Avx512 {
 
 // Avx512's accumulators, horizontal sums and prefetches; its own operands, layout and blocking.
 struct Avx512F : Avx512 {
-  static constexpr bool kAltBlocking = false;  // its own decode tiles everywhere
+  static constexpr bool kAltBlocking = false;  // its own blocking everywhere
   using Elem = float;                // I and the activation: fp32, split-32
   struct X { __m512 even, odd; };    // 32 elements of a token's I
   struct W { __m512 even, odd; };    // 32 elements of a W row, as fp32
