@@ -140,6 +140,34 @@ def test_other_rotation_groups_and_vllm_head_major_layout(isa):
     check(d, out, "head-major paged")
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx512-emulated"])
+def test_avx512_blockings_agree_bit_for_bit(isa):
+    """The AVX-512 kernel's two blockings (kernels.avx512_blocking, shared with the FFN kernel: zen5
+    prefetches into L1, the next step's rows in reading order) differ only in what is prefetched when:
+    the same bits, decode and extend, paged (token-major: every head a task) and contiguous, with and
+    without KV splits, and the reference's answer."""
+    if isa not in ISAS:
+        pytest.skip(f"the {isa} build is not here or this CPU cannot run it")
+    small = isa.endswith("emulated")
+    cases = [("decode", "paged", 2, 300 if small else 1500, 1), ("decode", "contiguous", 1, 200 if small else 4100, 1),
+             ("extend", "paged", 2, 90 if small else 400, 21), ("extend", "contiguous", 1, 70, 9)]
+    setting = kernels.avx512_blocking(isa=isa)
+    try:
+        for phase, layout, B, L, n in cases:
+            p = AttentionProblem.create("mixtral-8x7b", phase, B, L, n if phase == "extend" else 1, layout=layout,
+                                        ragged=B > 1)
+            d = p.materialize(rotate=False)
+            for splits in (0, 3):
+                out = {}
+                for blocking in ("default", "zen5"):
+                    assert kernels.avx512_blocking(blocking, isa=isa) == blocking
+                    out[blocking] = call(d, isa=isa, kv_splits=splits)
+                assert torch.equal(out["default"], out["zen5"]), (phase, layout, splits)
+                check(d, out["zen5"], f"{isa} zen5 {phase} {layout} splits={splits}")
+    finally:
+        kernels.avx512_blocking(setting, isa=isa)
+
+
 # ---- the AVX-512 BF16 and AMX micro-kernels' sources, run here on SIMDe and on the tile emulator
 # (vdpbf16ps / tdpbf16ps scores on K rows as they are, the query block packed once, V converted on demand)
 @pytest.mark.parametrize("isa", EMULATED)

@@ -122,10 +122,10 @@ inline int64_t q_stride(int rows, int d) { return int64_t(rows + 16) * (d + 32) 
 // One task: pack the query blocks, walk its keys chunk by chunk, one online softmax per head throughout.
 // Writes the normalised output (bf16) directly, or (split tasks) the normalised fp32 rows and their
 // LSE (log2 units) to the partial slot (head-major: head hh's rows at hh * rows).
-void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scratch& s,
+void run_task(const AttnCall& c, const AttnMicroKernel& mk, const AttnBlocking& bl, const Task& t, Scratch& s,
               float* part_o, float* part_lse) {
   const int G = c.h_q / c.h_kv, d = c.d, rows = t.nt * G;
-  const int KC = mk.blocking.chunk_keys;
+  const int KC = bl.chunk_keys;
   const int n_b = c.q_start[t.b + 1] - c.q_start[t.b];
   const int first_pos = c.kv_len[t.b] - n_b;   // position of query token 0
   const int64_t qs = q_stride(rows, d);
@@ -155,7 +155,7 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
     }
   };
   const int row_bytes = d * int(sizeof(bf16_t));
-  const bool pf_l2 = mk.blocking.prefetch_l2;
+  const bool pf_l2 = bl.prefetch_l2;
   const int rec_bytes = t.nh > 1 && c.k_head == d ? t.nh * row_bytes : row_bytes;   // a token's record
   // A token stride other than d (the [num_blocks, block_size, h_kv, d] paged layout: rows h_kv * d
   // apart, 1 KiB for Qwen3) puts a chunk's rows into a few L1 sets: V, read once per 4-row block, and
@@ -166,8 +166,8 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
   // 2026-12-03): with the prefetch cut into 4 pieces (below) their rows are read in place, and the
   // copy, a memcpy call per 256-byte row, took half the time of a Mixtral-8x7B step whose KV sat in
   // L3 (perf: 50% of the samples in memmove; 1.39 ms staged against 0.69 unstaged, l = 4096).
-  const bool stage_k = mk.blocking.stage_strided && c.k_tok != d;
-  const bool stage_v = mk.blocking.stage_strided && c.v_tok != d;
+  const bool stage_k = bl.stage_strided && c.k_tok != d;
+  const bool stage_v = bl.stage_strided && c.v_tok != d;
   const int64_t stage_head = int64_t(KC) * d;   // staged rows of one head
   // s.kp / s.vp: this chunk's rows of head t.h, found once: the first chunk's here, every later one's
   // as the previous chunk's "next" rows (the two buffers swap at the end of a chunk)
@@ -200,14 +200,36 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const Task& t, Scrat
     // against 2 0.87-1.00x, against the staged copy 0.74-0.95x. Two or four chunks ahead instead of
     // one: no better. Every second line only, every fourth, or a row's first: 1.6-2.1x the time, as
     // with no prefetch at all (the hardware prefetchers do not carry these streams here).
+    // AttnBlocking::prefetch_order 1 (the AVX-512 kernel's Zen 5 blocking, measured there: see
+    // attention_avx512.cpp) prefetches the next step's rows instead: the next head's rows of this chunk
+    // while a head is computed, the next chunk's first head's during the last head, so that a
+    // token-major chunk (every head's rows: 64 KiB of K and of V for Mixtral-8x7B) is not all in
+    // flight ahead of the head that reads it.
     const int nn = std::min(KC, t.k1 - j0 - KC);
     if (nn > 0) rows_of(t.h, j0 + KC, nn, s.kn.data(), s.vn.data());
-    const int steps = std::max(1, mk.blocking.prefetch_steps);
+    const int steps = std::max(1, bl.prefetch_steps);
     const int calls = steps > 1 ? steps / 2 : 1;                       // calls of scores and of P x V
     const int sub = std::max(4, ((nk + calls - 1) / calls + 3) & ~3);  // keys per call
     const int npieces = t.nh * steps;
     auto prefetch_piece = [&](int i) {   // piece i of the next chunk's rows (every head's pieces in turn)
       if (stage_k || stage_v) return;   // a staged chunk: no prefetch (above)
+      if (bl.prefetch_order == 1 && t.nh > 1) {   // piece i % steps of the next step's rows (a head-major
+                                                  // cache, one head a task: the same rows as order 0)
+        const int hh = i / steps, li = i % steps;
+        int hn = hh + 1, jn = j0, n = nk;
+        if (hn == t.nh) hn = 0, jn = j0 + KC, n = nn;
+        for (int j = li * n / steps; j < (li + 1) * n / steps; ++j) {
+          const char* kr = reinterpret_cast<const char*>(key_at(c, c.k, c.k_seq, c.k_tok, c.k_head, c.k_blk, t.b,
+                                                                t.h + hn, jn + j));
+          const char* vr = reinterpret_cast<const char*>(key_at(c, c.v, c.v_seq, c.v_tok, c.v_head, c.v_blk, t.b,
+                                                                t.h + hn, jn + j));
+          for (int off = 0; off < row_bytes; off += 64) {
+            prefetch_line(kr + off, pf_l2);
+            prefetch_line(vr + off, pf_l2);
+          }
+        }
+        return;
+      }
       for (int j = i * nn / npieces; j < (i + 1) * nn / npieces; ++j) {
         // the rows' addresses from the layout, not read back from s.kn / s.vn: the same addresses
         // (checked in a scratch build), but on Zen 4's contiguous cache 0.81-0.90x the time (AVX-512;
@@ -294,10 +316,12 @@ AttnSchedule attn_last_schedule() { return g_last; }
 void attention(const AttnCall& c) {
   check(c);
   const AttnMicroKernel& mk = find_attn_microkernel(c.isa);
+  const AttnBlocking* now = mk.blocking_now ? mk.blocking_now() : nullptr;
+  const AttnBlocking& bl = now ? *now : mk.blocking;
   const int G = c.h_q / c.h_kv, d = c.d;
   const int threads = std::max(1, c.threads);
-  const int KC = mk.blocking.chunk_keys;
-  const int tok_per_block = std::max(1, mk.blocking.block_rows / G);
+  const int KC = bl.chunk_keys;
+  const int tok_per_block = std::max(1, bl.block_rows / G);
 
   // ---- tasks before splitting: (sequence, KV head or every head, query block), a sequence's adjacent.
   // Every head per task where the cache is token-major (heads side by side in a token's record, as
@@ -367,7 +391,7 @@ void attention(const AttnCall& c) {
     grow(s.l, max_slot);
     grow(s.row, d);
     for (auto* v : {&s.kp, &s.vp, &s.kn, &s.vn, &s.ks, &s.vs}) grow(*v, KC);
-    if (mk.blocking.stage_strided) {
+    if (bl.stage_strided) {
       grow(s.kbuf, size_t(nh) * KC * d);
       grow(s.vbuf, size_t(nh) * KC * d);
     }
@@ -378,7 +402,7 @@ void attention(const AttnCall& c) {
         const Task& t = tasks[i];
         float* po = t.part >= 0 ? part_o + size_t(t.part) * max_slot * d : nullptr;
         float* pl = t.part >= 0 ? part_lse + size_t(t.part) * max_slot : nullptr;
-        run_task(c, mk, t, s, po, pl);
+        run_task(c, mk, bl, t, s, po, pl);
       });
     }
     // ---- merge the splits of every split base task: out = sum_s w_s O_s / sum_s w_s, w_s = 2^(lse_s - max)

@@ -71,12 +71,19 @@ struct AttnBlocking {
                        // its scores; 2, half before the scores and half before P x V; 2n, each of the
                        // two calls cut into n calls over ceil(chunk / n) keys (rounded up to 4), a
                        // piece before each (see run_task)
+  int prefetch_order;  // what is prefetched while a head's chunk is computed: 0, a share of the next
+                       // chunk's token records (every head's rows of those keys); 1, the next step's
+                       // rows in the order they are read (the next head's rows of this chunk, or the
+                       // next chunk's first head's). The same for a head-major cache (one head a task).
 };
 
 struct AttnMicroKernel {
   const char* isa;       // "scalar", "avx2", ...
   const char* cpu_isa;   // isa_usable() must say yes (nullptr: portable)
   AttnBlocking blocking;
+  // The blocking in effect for a call: another for this CPU, or nullptr (or no function): `blocking`.
+  // The AVX-512 kernel's follows the FFN kernel's switch (avx512_blocking_zen5(), microkernel.h).
+  const AttnBlocking* (*blocking_now)();
   // Transformation 1: rows[r] (d bf16 each) -> qp [nrows, d] fp32 in this kernel's layout, times scale.
   void (*pack_q)(const bf16_t* const* rows, int nrows, int d, float scale, float* qp);
   // S[r * lds + j] = qp_r . K_j   (r < nrows, j < nkeys; keys[j] points at d bf16)
