@@ -104,7 +104,8 @@ def avx512_blocking(choice: str | None = None, *, isa: str = "avx512") -> str:
     """The AVX-512 BF16 kernel's blocking in this process, for `isa`'s module ("avx512" and
     "avx512-emulated" are separate modules, each with its own setting): "zen5" (decode tiles with rows
     far apart, two chunks of a row at a time, the tile's own rows prefetched; from 5 tokens, blocks of
-    128 tokens and the next W piece prefetched; and the attention kernel's prefetch into L1, the next
+    128 tokens and the next W piece prefetched; the INT8/FP8 kernels' decode tiles without prefetch at
+    one token (INT8: and two), tasks of 512 rows; the attention kernel's prefetch into L1, the next
     step's rows in reading order: measured faster on Zen 5) or "default" (measured on Zen 4 and the
     Xeons). The same bits either way. `choice` "auto" (the start, unless
     HINA_AVX512_BLOCKING names one) takes zen5 on AMD family >= 26, default elsewhere. Returns the

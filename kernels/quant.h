@@ -63,7 +63,11 @@ struct QuantMicroKernel {
   void (*pack_act)(const float* act, int M, int K, int group, void* out);
   void (*gate_up)(const QGateUpTask& t);
   void (*down)(const QDownTask& t);
+  // The task rows on this CPU, where a kernel chooses its blocking at run time (nullptr: task_rows);
+  // the driver reads it through task_rows(mk).
+  int (*task_rows_now)() = nullptr;
 };
+inline int task_rows(const QuantMicroKernel& mk) { return mk.task_rows_now ? mk.task_rows_now() : mk.task_rows; }
 
 // INT8: AVX2 (vpmaddwd), AVX-512 VNNI (vpdpbusd; also built on SIMDe as "avx512-emulated"), AMX
 // (tdpbssd; also built on the tile emulator as "amx-emulated"); FP8: AVX2, AVX-512 (e4m3 -> bf16 for

@@ -13,6 +13,9 @@
 //                              [kb0, kb1) (whole groups / fp8 blocks); with PF == 2 it also prefetches
 //                              pf[r][0 .. kb1 - kb0) into L2 (the next tile's W) as it streams its own
 //   scale_row(s, lds, row, group)  the scales of W row `row`
+// and optionally
+//   AltBlocking, alt()         another blocking struct (its own kBlocking and task_rows), taken per call
+//                              where alt() says so (q_gate_up_now / q_down_now / task_rows_now below)
 #pragma once
 #include <cmath>
 #include <cstdlib>
@@ -253,11 +256,11 @@ void rows_wide(const int8_t* const* rows, const float* const* srows, int n, cons
   }
 }
 
-// Rows x all M tokens into c [n][M], with Kn::kBlocking's tiles for M.
-template <class Kn>
+// Rows x all M tokens into c [n][M], with Bl::kBlocking's tiles for M (Bl: Kn, or Kn::AltBlocking).
+template <class Kn, class Bl = Kn>
 void mm(const int8_t* const* rows, const float* const* srows, int n, const void* I, int M, int K, int group,
         float* c) {
-  constexpr QBlocking B = Kn::kBlocking;
+  constexpr QBlocking B = Bl::kBlocking;
   switch (M) {
     case 1: return rows_tokens<Kn, B.rows[1], B.prefetch[1]>(rows, srows, n, I, M, K, group, K, c);
     case 2: return rows_tokens<Kn, B.rows[2], B.prefetch[2]>(rows, srows, n, I, M, K, group, K, c);
@@ -282,24 +285,24 @@ inline int spread_pos(int u, int U, int per) {
   const int S = U / per;
   return (u % S) * per + u / S;
 }
-template <class Kn>
+template <class Kn, class Bl = Kn>
 int tile_rows(int M) {
-  if (M <= kTokTile) return Kn::kBlocking.rows[M];
+  if (M <= kTokTile) return Bl::kBlocking.rows[M];
   if constexpr (HasWide<Kn>::value)
     if (Kn::wide_rows(M) != 0) return Kn::wide_rows(M);
-  return Kn::kBlocking.rows[0];
+  return Bl::kBlocking.rows[0];
 }
 
 thread_local ThreadScratch<float> tl_c2{nullptr, 0};   // the sums back in row order (spread)
 
 // Gate and up rows in one pass (interleaved: gate j, up j, gate j+1, ... so every tile streams both
 // matrices), SiLU(gate)*up fused into the store (transformation 2).
-template <class Kn>
+template <class Kn, class Bl = Kn>
 void q_gate_up(const QGateUpTask& t) {
   const int8_t** rows = tl_w.get(size_t(2) * t.n);
   const float** srows = tl_s.get(size_t(2) * t.n);
-  constexpr bool il = Kn::kBlocking.interleave;
-  const int per = (Kn::kBlocking.spread && il) ? tile_rows<Kn>(t.M) / 2 : 1;
+  constexpr bool il = Bl::kBlocking.interleave;
+  const int per = (Bl::kBlocking.spread && il) ? tile_rows<Kn, Bl>(t.M) / 2 : 1;
   for (int j = 0; j < t.n; ++j) {
     const int row = t.n0 + j;
     const int pj = spread_pos(j, t.n, per);
@@ -310,7 +313,7 @@ void q_gate_up(const QGateUpTask& t) {
     srows[u] = Kn::scale_row(t.s_up, t.lds_up, row, t.group);
   }
   float* c = tl_c.get(size_t(2) * t.n * t.M);
-  mm<Kn>(rows, srows, 2 * t.n, t.I, t.M, t.K, t.group, c);
+  mm<Kn, Bl>(rows, srows, 2 * t.n, t.I, t.M, t.K, t.group, c);
   if (per > 1) {
     float* c2 = tl_c2.get(size_t(2) * t.n * t.M);
     for (int j = 0; j < t.n; ++j) {
@@ -323,18 +326,18 @@ void q_gate_up(const QGateUpTask& t) {
   else store_act_f32(t.act, t.act_K, t.n0, t.n, t.M, c, c + int64_t(t.n) * t.M, t.M);
 }
 
-template <class Kn>
+template <class Kn, class Bl = Kn>
 void q_down(const QDownTask& t) {
   const int8_t** rows = tl_w.get(size_t(t.n));
   const float** srows = tl_s.get(size_t(t.n));
-  const int per = Kn::kBlocking.spread ? tile_rows<Kn>(t.M) : 1;
+  const int per = Bl::kBlocking.spread ? tile_rows<Kn, Bl>(t.M) : 1;
   for (int j = 0; j < t.n; ++j) {
     const int pj = spread_pos(j, t.n, per);
     rows[pj] = t.w + int64_t(t.n0 + j) * t.ldw;
     srows[pj] = Kn::scale_row(t.s, t.lds, t.n0 + j, t.group);
   }
   float* c = tl_c.get(size_t(t.n) * t.M);
-  mm<Kn>(rows, srows, t.n, t.act, t.M, t.K, t.group, c);
+  mm<Kn, Bl>(rows, srows, t.n, t.act, t.M, t.K, t.group, c);
   if (per > 1) {
     float* c2 = tl_c2.get(size_t(t.n) * t.M);
     for (int j = 0; j < t.n; ++j) {
@@ -344,6 +347,29 @@ void q_down(const QDownTask& t) {
     c = c2;
   }
   store_y(t.y, t.ldy, t.n0, t.n, t.M, c);
+}
+
+// The entries of a kernel whose blocking is chosen per call (Kn::AltBlocking where Kn::alt()): the
+// same tiles, other rows per tile, prefetch and task rows.
+template <class Kn, class = void> struct HasAltQ : std::false_type {};
+template <class Kn> struct HasAltQ<Kn, std::void_t<typename Kn::AltBlocking>> : std::true_type {};
+template <class Kn>
+void q_gate_up_now(const QGateUpTask& t) {
+  if constexpr (HasAltQ<Kn>::value)
+    if (Kn::alt()) return q_gate_up<Kn, typename Kn::AltBlocking>(t);
+  q_gate_up<Kn>(t);
+}
+template <class Kn>
+void q_down_now(const QDownTask& t) {
+  if constexpr (HasAltQ<Kn>::value)
+    if (Kn::alt()) return q_down<Kn, typename Kn::AltBlocking>(t);
+  q_down<Kn>(t);
+}
+template <class Kn>
+int task_rows_now() {
+  if constexpr (HasAltQ<Kn>::value)
+    if (Kn::alt()) return Kn::AltBlocking::task_rows;
+  return Kn::task_rows;
 }
 
 }  // namespace

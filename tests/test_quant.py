@@ -119,6 +119,34 @@ def test_quant_kernel_matches_the_quantized_reference(isa, scheme, g, T):
     _check_kernel(scheme, g, E=4, H=256, I=384, T=T, k=2, isa=isa)
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx512-emulated"])
+@pytest.mark.parametrize("scheme,g", [("int8", 32), ("int8", 128), ("fp8", 128)])
+def test_avx512_quant_blockings_agree_bit_for_bit(isa, scheme, g):
+    """The AVX-512 INT8 and FP8 kernels' two blockings (kernels.avx512_blocking, the BF16 kernel's
+    switch: zen5 takes other rows per decode tile, no prefetch at one or two tokens and tasks of 512
+    rows) give the same bits, 1-5 and 9 tokens, on rows of 4096 and of 768 (more rows than a task
+    of 512 takes), against the quantized reference too."""
+    if isa not in ISAS[scheme]:
+        pytest.skip(f"no {scheme} micro-kernel for {isa} here")
+    setting = kernels.avx512_blocking(isa=isa)
+    H, I = (512, 768) if isa.endswith("emulated") else (4096, 768)
+    w13, wd = _weights(3, 2 * I, H, 7), _weights(3, H, I, 8)
+    q13, qd = quant.quantize(w13, scheme, g), quant.quantize(wd, scheme, g)
+    try:
+        for T in (1, 2, 3, 4, 5, 9):
+            x = torch.randn(T, H, generator=torch.Generator().manual_seed(T)).bfloat16()
+            ids, tw = _routing(T, 3, 2, T)
+            out = {}
+            for blocking in ("default", "zen5"):
+                assert kernels.avx512_blocking(blocking, isa=isa) == blocking
+                out[blocking] = kernels.moe_ffn_quant(x, q13, qd, ids, tw, isa=isa, threads=2)
+            assert torch.equal(out["default"], out["zen5"]), (scheme, g, T)
+            qref = quant.moe_ffn_quant_reference(x, q13.rows(0, I), q13.rows(I, 2 * I), qd, ids, tw)
+            assert rel_err(out["zen5"], qref) <= get_dtype(scheme).tolerance, (scheme, g, T)
+    finally:
+        kernels.avx512_blocking(setting, isa=isa)
+
+
 @pytest.mark.parametrize("isa", INT8_ISAS)
 @pytest.mark.parametrize("T", [1, 4, 5, 12])
 def test_int8_group32_with_an_odd_number_of_groups(isa, T):

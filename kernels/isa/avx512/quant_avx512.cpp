@@ -30,6 +30,7 @@
 #include "common.h"   // cpu_features (cpu.cpp)
 #include "isa/avx512/dpbf16.h"
 #include "isa/avx512/f8_vbmi.h"
+#include "microkernel.h"   // avx512_blocking_zen5
 #include "quant_glue.h"
 
 namespace hina {
@@ -508,6 +509,22 @@ struct VnniKn {
   // Phases alone (the other skipped): gate/up 0.89 ms against the stream's 0.77, down 0.46 against 0.36.
   static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 4, 4}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
                                        /*spread=*/true};
+  static constexpr int task_rows = 256;
+  // Zen 5's (AMD family >= 26, or HINA_AVX512_BLOCKING=zen5: the BF16 kernel's switch, microkernel.h):
+  // one token 2 rows a tile, no prefetch at 1 and 2 tokens, tasks of 512 rows. On Zen 5 (2026-12-05, 2
+  // threads, same-experts routing, weights from DRAM, the builds side by side in one process, 5
+  // rounds), against the default: Mixtral-8x7B T = 1 / 2 / 3 / 4 0.91 / 0.97 / 0.91 / 0.99x the time,
+  // Qwen3-30B-A3B 0.89 / 0.93 / 0.95 / 0.97x. Steps of it: no prefetch at T = 1 0.94 / 0.96x, then 2
+  // rows 0.98 / 0.97x, tasks of 512 rows 0.99 / 0.95x (of 128: 1.03 / 1.08x). Not kept there: 8 rows
+  // at T = 1 (1.05x), a tile's rows taken a group at a time instead of 32 bytes of each in turn (0.97 /
+  // 1.02x), no prefetch at T = 3-4 (up to 1.10x), 2 or 8 rows at T = 2-4 (1.10-1.29x, 0.95-1.25x).
+  struct Zen5 {
+    static constexpr QBlocking kBlocking{/*rows=*/{2, 2, 4, 4, 4}, /*prefetch=*/{0, 0, 0, 2, 2}, /*interleave=*/true,
+                                         /*spread=*/true};
+    static constexpr int task_rows = 512;
+  };
+  using AltBlocking = Zen5;
+  static bool alt() { return avx512_blocking_zen5(); }
   template <int R, int TT, int PF>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int group,
                    int kb0, int kb1, int t0, float* c, int ldc, const int8_t* const* nxt) {
@@ -769,6 +786,18 @@ struct Fp8Kn {
   // 2 rows at M = 3, 4 are not measured on such a CPU.
   static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
                                        /*spread=*/true};
+  static constexpr int task_rows = 256;
+  // Zen 5's (the switch as VnniKn's): no prefetch at 1 token, tasks of 512 rows. On Zen 5 (2026-12-05,
+  // as VnniKn's), against the default: T = 1 0.91x the time (Mixtral-8x7B), 0.92x (Qwen3-30B-A3B); T = 2
+  // 1.06 / 0.95x, T = 4 1.00 / 1.01x (within the runs' spread). Not kept: 2 rows and no prefetch at 2
+  // tokens too (T = 1 0.97 / 0.95x, T = 2 1.06 / 0.93x).
+  struct Zen5 {
+    static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 2, 2}, /*prefetch=*/{0, 0, 2, 2, 2}, /*interleave=*/true,
+                                         /*spread=*/true};
+    static constexpr int task_rows = 512;
+  };
+  using AltBlocking = Zen5;
+  static bool alt() { return avx512_blocking_zen5(); }
   template <int R, int TT, int PF>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int, int kb0,
                    int kb1, int t0, float* c, int ldc, const int8_t* const* nxt) {
@@ -818,11 +847,11 @@ void f8bf_pack_act(const float* act, int M, int K, int, void* out) {
 #define HINA_QUANT_AVX512_ISA(dtype) HINA_AVX512_ISA, dtype, HINA_AVX512_CPU_ISA("")
 #define HINA_QUANT_AVX512_VBMI_ISA(dtype) HINA_AVX512_ISA, dtype, HINA_AVX512_CPU_ISA("-vbmi")   // cpu.cpp's isa_usable
 const QuantMicroKernel HINA_AVX512_ENTRY(quant_microkernel_avx512_int8){
-    HINA_QUANT_AVX512_ISA(Dtype::int8), /*task_rows=*/256, vnni_packed_bytes, vnni_pack_tokens, vnni_pack_act,
-    q_gate_up<VnniKn>, q_down<VnniKn>};
+    HINA_QUANT_AVX512_ISA(Dtype::int8), VnniKn::task_rows, vnni_packed_bytes, vnni_pack_tokens, vnni_pack_act,
+    q_gate_up_now<VnniKn>, q_down_now<VnniKn>, task_rows_now<VnniKn>};
 const QuantMicroKernel HINA_AVX512_ENTRY(quant_microkernel_avx512_fp8){
-    HINA_QUANT_AVX512_VBMI_ISA(Dtype::fp8), /*task_rows=*/256, f8bf_packed_bytes, f8bf_pack_tokens, f8bf_pack_act,
-    q_gate_up<Fp8Kn>, q_down<Fp8Kn>};
+    HINA_QUANT_AVX512_VBMI_ISA(Dtype::fp8), Fp8Kn::task_rows, f8bf_packed_bytes, f8bf_pack_tokens, f8bf_pack_act,
+    q_gate_up_now<Fp8Kn>, q_down_now<Fp8Kn>, task_rows_now<Fp8Kn>};
 #undef HINA_QUANT_AVX512_ISA
 #undef HINA_QUANT_AVX512_VBMI_ISA
 
