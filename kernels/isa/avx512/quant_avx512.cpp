@@ -518,7 +518,9 @@ struct VnniKn {
   // rows 0.98 / 0.97x, tasks of 512 rows 0.99 / 0.95x (of 128: 1.03 / 1.08x). Not kept there: 8 rows
   // at T = 1 (1.05x), a tile's rows taken a group at a time instead of 32 bytes of each in turn (0.97 /
   // 1.02x), no prefetch at T = 3-4 (up to 1.10x), 2 rows at T = 2-4 without prefetch (Mixtral 1.10 /
-  // 1.29x at T = 2 / 4, Qwen3 0.91x: mixed), 8 rows with it (0.95-1.25x).
+  // 1.29x at T = 2 / 4, Qwen3 0.91x: mixed), 8 rows with it (0.95-1.25x). One token on 512-bit steps
+  // (with the compensation vpdpbusd; a step's halves scaled apart at g = 32), as tried on Zen 4: from
+  // the L3 0.89x the time (Qwen3-30B-A3B, 2 experts: 116 against 103 GB/s), from DRAM 1.00-1.01x.
   struct Zen5 {
     static constexpr QBlocking kBlocking{/*rows=*/{2, 2, 4, 4, 4}, /*prefetch=*/{0, 0, 0, 2, 2}, /*interleave=*/true,
                                          /*spread=*/true};
