@@ -226,11 +226,8 @@ void rows_x_tokens(const bf16_t* const* w, int nrows, const typename Kn::Elem* c
                           int(o.row_ld));
 }
 
-// Kn::AltBlocking (where Kn::kAltBlocking): traits whose kBlocking replaces Kn's in mm_rows when
-// Kn::alt_blocking() says so on this CPU, a choice made at run time, per call. The same bits.
-template <class Kn, class = void> struct HasAltBlocking { static constexpr bool value = false; };
-template <class Kn>
-struct HasAltBlocking<Kn, decltype(void(Kn::kAltBlocking))> { static constexpr bool value = Kn::kAltBlocking; };
+// Kn::AltBlocking (microkernel.h's HasAltBlocking): traits whose kBlocking replaces Kn's in mm_rows,
+// chosen per call. The same bits.
 
 // Decode (M <= decode_max_m tokens): each W row streamed once, all tokens in registers,
 // decode_rows[M] rows per tile.

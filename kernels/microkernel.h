@@ -172,6 +172,14 @@ const std::vector<const MicroKernel*>& microkernels();
 // this module, or if the CPU (or the OS) does not allow its ISA: never SIGILL.
 const MicroKernel& find_microkernel(const std::string& isa, Dtype dtype);
 
+// A kernel struct (glue.h's BF16 ones, quant_glue.h's) whose blocking is chosen per call: where
+// Kn::kAltBlocking, the traits Kn::AltBlocking (their own kBlocking and task rows) replace Kn's when
+// Kn::alt_blocking() says so on this CPU (the AVX-512 kernels' Zen 5 blockings, avx512_blocking_zen5()
+// below). A flag, not the type's presence: Avx512Zen5 inherits Avx512's AltBlocking and must not take it.
+template <class Kn, class = void> struct HasAltBlocking { static constexpr bool value = false; };
+template <class Kn>
+struct HasAltBlocking<Kn, decltype(void(Kn::kAltBlocking))> { static constexpr bool value = Kn::kAltBlocking; };
+
 // The AVX-512 BF16 kernel's blocking (isa/avx512/microkernel_avx512.cpp): "auto" (Zen 5's on AMD
 // family >= 26, else the default), "default" or "zen5"; the same bits whichever. Starts from the
 // environment's HINA_AVX512_BLOCKING (else "auto"); set_avx512_blocking throws std::invalid_argument

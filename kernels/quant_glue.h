@@ -14,8 +14,9 @@
 //                              pf[r][0 .. kb1 - kb0) into L2 (the next tile's W) as it streams its own
 //   scale_row(s, lds, row, group)  the scales of W row `row`
 // and optionally
-//   AltBlocking, alt()         another blocking struct (its own kBlocking and task_rows), taken per call
-//                              where alt() says so (q_gate_up_now / q_down_now / task_rows_now below)
+//   kAltBlocking, AltBlocking, alt_blocking()   another blocking struct (its own kBlocking and
+//                              task_rows), taken per call (microkernel.h's HasAltBlocking; q_gate_up_now /
+//                              q_down_now / q_task_rows_now below)
 #pragma once
 #include <cmath>
 #include <cstdlib>
@@ -349,26 +350,24 @@ void q_down(const QDownTask& t) {
   store_y(t.y, t.ldy, t.n0, t.n, t.M, c);
 }
 
-// The entries of a kernel whose blocking is chosen per call (Kn::AltBlocking where Kn::alt()): the
-// same tiles, other rows per tile, prefetch and task rows.
-template <class Kn, class = void> struct HasAltQ : std::false_type {};
-template <class Kn> struct HasAltQ<Kn, std::void_t<typename Kn::AltBlocking>> : std::true_type {};
+// The entries of a kernel whose blocking is chosen per call (HasAltBlocking): the same tiles, other
+// rows per tile, prefetch and task rows.
 template <class Kn>
 void q_gate_up_now(const QGateUpTask& t) {
-  if constexpr (HasAltQ<Kn>::value)
-    if (Kn::alt()) return q_gate_up<Kn, typename Kn::AltBlocking>(t);
+  if constexpr (HasAltBlocking<Kn>::value)
+    if (Kn::alt_blocking()) return q_gate_up<Kn, typename Kn::AltBlocking>(t);
   q_gate_up<Kn>(t);
 }
 template <class Kn>
 void q_down_now(const QDownTask& t) {
-  if constexpr (HasAltQ<Kn>::value)
-    if (Kn::alt()) return q_down<Kn, typename Kn::AltBlocking>(t);
+  if constexpr (HasAltBlocking<Kn>::value)
+    if (Kn::alt_blocking()) return q_down<Kn, typename Kn::AltBlocking>(t);
   q_down<Kn>(t);
 }
 template <class Kn>
-int task_rows_now() {
-  if constexpr (HasAltQ<Kn>::value)
-    if (Kn::alt()) return Kn::AltBlocking::task_rows;
+int q_task_rows_now() {
+  if constexpr (HasAltBlocking<Kn>::value)
+    if (Kn::alt_blocking()) return Kn::AltBlocking::task_rows;
   return Kn::task_rows;
 }
 

@@ -211,6 +211,21 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const AttnBlocking& 
     const int calls = steps > 1 ? steps / 2 : 1;                       // calls of scores and of P x V
     const int sub = std::max(4, ((nk + calls - 1) / calls + 3) & ~3);  // keys per call
     const int npieces = t.nh * steps;
+    // keys [from, to) of KV head h, `bytes` from each row's start. The rows' addresses from the layout,
+    // not read back from s.kn / s.vn: the same addresses (checked in a scratch build), but on Zen 4's
+    // contiguous cache 0.81-0.90x the time (AVX-512; AVX2 0.74-0.84x; two copies of each build
+    // alternated, then again); why the pointer form was slower was not found (on Zen 5, in a trial of a fused step, too: 0.79x
+    // the time from the layout, paged Mixtral-8x7B)
+    auto prefetch_keys = [&](int h, int from, int to, int bytes) {
+      for (int j = from; j < to; ++j) {
+        const char* kr = reinterpret_cast<const char*>(key_at(c, c.k, c.k_seq, c.k_tok, c.k_head, c.k_blk, t.b, h, j));
+        const char* vr = reinterpret_cast<const char*>(key_at(c, c.v, c.v_seq, c.v_tok, c.v_head, c.v_blk, t.b, h, j));
+        for (int off = 0; off < bytes; off += 64) {
+          prefetch_line(kr + off, pf_l2);
+          prefetch_line(vr + off, pf_l2);
+        }
+      }
+    };
     auto prefetch_piece = [&](int i) {   // piece i of the next chunk's rows (every head's pieces in turn)
       if (stage_k || stage_v) return;   // a staged chunk: no prefetch (above)
       if (bl.prefetch_order == 1 && t.nh > 1) {   // piece i % steps of the next step's rows (a head-major
@@ -218,32 +233,10 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const AttnBlocking& 
         const int hh = i / steps, li = i % steps;
         int hn = hh + 1, jn = j0, n = nk;
         if (hn == t.nh) hn = 0, jn = j0 + KC, n = nn;
-        for (int j = li * n / steps; j < (li + 1) * n / steps; ++j) {
-          const char* kr = reinterpret_cast<const char*>(key_at(c, c.k, c.k_seq, c.k_tok, c.k_head, c.k_blk, t.b,
-                                                                t.h + hn, jn + j));
-          const char* vr = reinterpret_cast<const char*>(key_at(c, c.v, c.v_seq, c.v_tok, c.v_head, c.v_blk, t.b,
-                                                                t.h + hn, jn + j));
-          for (int off = 0; off < row_bytes; off += 64) {
-            prefetch_line(kr + off, pf_l2);
-            prefetch_line(vr + off, pf_l2);
-          }
-        }
+        prefetch_keys(t.h + hn, jn + li * n / steps, jn + (li + 1) * n / steps, row_bytes);
         return;
       }
-      for (int j = i * nn / npieces; j < (i + 1) * nn / npieces; ++j) {
-        // the rows' addresses from the layout, not read back from s.kn / s.vn: the same addresses
-        // (checked in a scratch build), but on Zen 4's contiguous cache 0.81-0.90x the time (AVX-512;
-        // AVX2 0.74-0.84x; two copies of each build alternated, then again); why the pointer form was
-        // slower was not found
-        const char* kr = reinterpret_cast<const char*>(key_at(c, c.k, c.k_seq, c.k_tok, c.k_head, c.k_blk, t.b, t.h,
-                                                              j0 + KC + j));
-        const char* vr = reinterpret_cast<const char*>(key_at(c, c.v, c.v_seq, c.v_tok, c.v_head, c.v_blk, t.b, t.h,
-                                                              j0 + KC + j));
-        for (int off = 0; off < rec_bytes; off += 64) {
-          prefetch_line(kr + off, pf_l2);
-          prefetch_line(vr + off, pf_l2);
-        }
-      }
+      prefetch_keys(t.h, j0 + KC + i * nn / npieces, j0 + KC + (i + 1) * nn / npieces, rec_bytes);
     };
     if (stage_k || stage_v) {   // rows of a strided cache: copied once into dense buffers (see above),
                                 // token by token: in address order

@@ -526,8 +526,9 @@ struct VnniKn {
                                          /*spread=*/true};
     static constexpr int task_rows = 512;
   };
+  static constexpr bool kAltBlocking = true;
   using AltBlocking = Zen5;
-  static bool alt() { return avx512_blocking_zen5(); }
+  static bool alt_blocking() { return avx512_blocking_zen5(); }
   template <int R, int TT, int PF>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int group,
                    int kb0, int kb1, int t0, float* c, int ldc, const int8_t* const* nxt) {
@@ -799,8 +800,9 @@ struct Fp8Kn {
                                          /*spread=*/true};
     static constexpr int task_rows = 512;
   };
+  static constexpr bool kAltBlocking = true;
   using AltBlocking = Zen5;
-  static bool alt() { return avx512_blocking_zen5(); }
+  static bool alt_blocking() { return avx512_blocking_zen5(); }
   template <int R, int TT, int PF>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int, int kb0,
                    int kb1, int t0, float* c, int ldc, const int8_t* const* nxt) {
@@ -851,10 +853,10 @@ void f8bf_pack_act(const float* act, int M, int K, int, void* out) {
 #define HINA_QUANT_AVX512_VBMI_ISA(dtype) HINA_AVX512_ISA, dtype, HINA_AVX512_CPU_ISA("-vbmi")   // cpu.cpp's isa_usable
 const QuantMicroKernel HINA_AVX512_ENTRY(quant_microkernel_avx512_int8){
     HINA_QUANT_AVX512_ISA(Dtype::int8), VnniKn::task_rows, vnni_packed_bytes, vnni_pack_tokens, vnni_pack_act,
-    q_gate_up_now<VnniKn>, q_down_now<VnniKn>, task_rows_now<VnniKn>};
+    q_gate_up_now<VnniKn>, q_down_now<VnniKn>, q_task_rows_now<VnniKn>};
 const QuantMicroKernel HINA_AVX512_ENTRY(quant_microkernel_avx512_fp8){
     HINA_QUANT_AVX512_VBMI_ISA(Dtype::fp8), Fp8Kn::task_rows, f8bf_packed_bytes, f8bf_pack_tokens, f8bf_pack_act,
-    q_gate_up_now<Fp8Kn>, q_down_now<Fp8Kn>, task_rows_now<Fp8Kn>};
+    q_gate_up_now<Fp8Kn>, q_down_now<Fp8Kn>, q_task_rows_now<Fp8Kn>};
 #undef HINA_QUANT_AVX512_ISA
 #undef HINA_QUANT_AVX512_VBMI_ISA
 
