@@ -170,9 +170,7 @@ inline void dot_tile(const bf16_t* const* w, const typename Kn::Elem* const* in,
 //  piece_ld = M: one slot per piece, the piece path). Every piece starts from fresh accumulators
 // and adds its horizontal sum into its slot, so a piece's value never depends on R, TT or blocking.
 // group 2: the rows come in pairs (gate_up's interleaved gate and up rows) that a decode tile taking
-// rows far apart (rows_x_tokens' FAR) keeps together; 0: a class of rows whose cuts differ from their
-// neighbours' (mm_rows_chained: every 8th row of Qwen3's down projection), already apart in memory,
-// which decode tiles take in order (far apart instead, Qwen3-30B-A3B T = 1 took 1.05x the time).
+// rows far apart (rows_x_tokens' FAR) keeps together.
 struct Out { float* c; int64_t row_ld, piece_ld; int group = 1; };
 
 // All `nrows` rows against tokens in[0..TT), every piece: R rows at a time, U chunks of a row at a
@@ -226,6 +224,102 @@ void rows_x_tokens(const bf16_t* const* w, int nrows, const typename Kn::Elem* c
                           int(o.row_ld));
 }
 
+// Decode tiles over rows whose cuts differ (decode_mixed_rows R > 0): R rows far apart (tile i takes
+// row i of each of R equal segments), every row with its own pieces: the tile streams chunks up to the
+// nearest cut of any of its rows, and each row whose piece ends there adds its horizontal sums into
+// c[row * M + t] and starts from zero again. Per (row, token) the same multiply-adds in the same order
+// and the pieces added to 0 in ascending order: the canonical sums, bit for bit, with the rows read
+// in memory order instead of class by class (every 8th row of Qwen3's down projection).
+template <class Kn, int R, int TT, int PF, int U>
+void rows_mixed(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* in, int K, float* c,
+                int M) {
+  constexpr int C = Kn::kChunk;
+  const int tiles = nrows / R;
+  for (int i = 0; i < tiles; ++i) {
+    const bf16_t* wr[R];
+    int c0[R], cut[R], row[R];
+    typename Kn::Acc acc[R][TT];
+    #pragma GCC unroll 16
+    for (int q = 0; q < R; ++q) {
+      row[q] = q * tiles + i;
+      wr[q] = w[row[q]];
+      c0[q] = piece_phase(wr[q]);
+      cut[q] = piece_end(0, c0[q], K);
+      #pragma GCC unroll 16
+      for (int t = 0; t < TT; ++t) acc[q][t] = Kn::zero();
+    }
+    for (int k = 0; k < K;) {
+      int e = cut[0];
+      #pragma GCC unroll 16
+      for (int q = 1; q < R; ++q) e = imin(e, cut[q]);
+      if constexpr (U > 1)
+        for (; k + U * C <= e; k += U * C) tile_step<Kn, R, TT, PF, U>(acc, wr, in, k, 0, nullptr);
+      for (; k < e; k += C) tile_step<Kn, R, TT, PF, 1>(acc, wr, in, k, 0, nullptr);
+      if (e == K) break;
+      #pragma GCC unroll 16
+      for (int q = 0; q < R; ++q)
+        if (cut[q] == e) {
+          #pragma GCC unroll 16
+          for (int t = 0; t < TT; ++t) {
+            c[int64_t(row[q]) * M + t] += Kn::hsum(acc[q][t]);
+            acc[q][t] = Kn::zero();
+          }
+          cut[q] = piece_end(e, c0[q], K);
+        }
+    }
+    if constexpr (HasHsum16<Kn>::value && R * TT >= 4) {  // 16 at a time, the same bits as Kn::hsum's
+      constexpr int N = R * TT;
+      #pragma GCC unroll 4
+      for (int g = 0; g < N; g += 16) {
+        typename Kn::Acc v[16];
+        #pragma GCC unroll 16
+        for (int j = 0; j < 16; ++j) v[j] = g + j < N ? acc[(g + j) / TT][(g + j) % TT] : Kn::zero();
+        alignas(64) float s[16];
+        Kn::store16(s, Kn::hsum16(v));
+        #pragma GCC unroll 16
+        for (int j = 0; j < 16 && g + j < N; ++j) c[int64_t(row[(g + j) / TT]) * M + (g + j) % TT] += s[j];
+      }
+    } else {
+      #pragma GCC unroll 16
+      for (int q = 0; q < R; ++q)
+        #pragma GCC unroll 16
+        for (int t = 0; t < TT; ++t) c[int64_t(row[q]) * M + t] += Kn::hsum(acc[q][t]);
+    }
+  }
+  if constexpr (R > 1)
+    rows_mixed<Kn, 1, TT, PF, U>(w + tiles * R, nrows - tiles * R, in, K, c + int64_t(tiles) * R * M, M);
+}
+
+// decode_mixed_rows rows a tile, one token: decode_short_prefetch, one chunk at a time; 2..decode_max_m
+// tokens: decode_prefetch[M] (0 or 3: its own rows ahead) and decode_unroll.
+template <class Kn, int TT = 1>
+void decode_mixed(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int M, int K, float* c) {
+  constexpr Blocking B = Kn::kBlocking;
+  if constexpr (TT < B.decode_max_m) {
+    if (M > TT) return decode_mixed<Kn, TT + 1>(w, nrows, I, M, K, c);
+  }
+  const typename Kn::Elem* in[TT];
+  for (int t = 0; t < TT; ++t) in[t] = I + int64_t(t) * ILd<Kn>::of(K);
+  for (int64_t i = 0; i < int64_t(nrows) * M; ++i) c[i] = 0.f;
+  constexpr int PF = TT == 1 ? (B.decode_short_prefetch == 3 ? 3 : 0) : (B.decode_prefetch[TT] == 3 ? 3 : 0);
+  rows_mixed<Kn, B.decode_mixed_rows, TT, PF, TT == 1 ? 1 : B.decode_unroll>(w, nrows, in, K, c, M);
+}
+
+// Whether the blocking in effect takes M tokens over rows of mixed cuts with decode_mixed (and does it).
+template <class Kn>
+bool try_decode_mixed(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int M, int K, float* c) {
+  if constexpr (HasAltBlocking<Kn>::value) {
+    if (Kn::alt_blocking()) return try_decode_mixed<typename Kn::AltBlocking>(w, nrows, I, M, K, c);
+  }
+  if constexpr (Kn::kBlocking.decode_mixed_rows > 0) {
+    if (M <= Kn::kBlocking.decode_max_m) {
+      decode_mixed<Kn>(w, nrows, I, M, K, c);
+      return true;
+    }
+  }
+  return false;
+}
+
 // Kn::AltBlocking (microkernel.h's HasAltBlocking): traits whose kBlocking replaces Kn's in mm_rows,
 // chosen per call. The same bits.
 
@@ -238,17 +332,10 @@ void decode(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* i
   if constexpr (TT < B.decode_max_m) {
     if (M > TT) return decode<Kn, TT + 1>(w, nrows, in, M, pc, np, o);
   }
-  const bool class_rows = B.decode_far && o.group == 0;   // a class's rows: in order (Out)
   if constexpr (TT == 1 && B.decode_short_k != 0) {
-    if (pc[2 * np - 1] - pc[0] <= B.decode_short_k) {
-      if (class_rows)
-        return rows_x_tokens<Kn, B.decode_class_rows, 1, B.decode_short_prefetch>(w, nrows, in, pc, np, o);
+    if (pc[2 * np - 1] - pc[0] <= B.decode_short_k)
       return rows_x_tokens<Kn, B.decode_short_rows, 1, B.decode_short_prefetch, B.decode_far>(w, nrows, in, pc, np, o);
-    }
   }
-  if (class_rows)
-    return rows_x_tokens<Kn, B.decode_rows[TT], TT, B.decode_prefetch[TT], false, B.decode_unroll>(
-        w, nrows, in, pc, np, o);
   rows_x_tokens<Kn, B.decode_rows[TT], TT, B.decode_prefetch[TT], B.decode_far, B.decode_unroll>(
       w, nrows, in, pc, np, o);
 }
@@ -362,7 +449,9 @@ thread_local ThreadScratch<int> tl_row_of{nullptr, 0};
 // cuts differ (any other stride, e.g. Qwen3's W_down, 768 elements: 8 classes of rows) are grouped by
 // their first cut (a counting sort of row pointers), each class through the same loop nest with its
 // own pieces, and the sums put back in row order: each row's canonical sum, bit for bit (the piece
-// path's, which took such matrices before through a partial buffer and a scalar reduction).
+// path's, which took such matrices before through a partial buffer and a scalar reduction). Where
+// the blocking has decode_mixed_rows, decode calls take such rows in memory order instead
+// (decode_mixed), the same bits.
 template <class Kn>
 void mm_rows_chained(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int M, int K,
                      float* c, int group = 1) {
@@ -375,6 +464,7 @@ void mm_rows_chained(const bf16_t* const* w, int nrows, const typename Kn::Elem*
     mm_rows<Kn>(w, nrows, I, M, K, pc, np, Out{c, M, 0, group});
     return;
   }
+  if (try_decode_mixed<Kn>(w, nrows, I, M, K, c)) return;
   constexpr int kClasses = kPieceElems / kShapeMultiple;  // first cuts are multiples of 32
   int start[kClasses + 1] = {};
   for (int r = 0; r < nrows; ++r) ++start[piece_phase(w[r]) / kShapeMultiple + 1];
@@ -400,7 +490,7 @@ void mm_rows_chained(const bf16_t* const* w, int nrows, const typename Kn::Elem*
     done[q] = true;
     const int n = start[q + 1] - start[q];
     const int np = row_pieces(q * kShapeMultiple, K, pc);
-    mm_rows<Kn>(rows + start[q], n, I, M, K, pc, np, Out{cc + int64_t(start[q]) * M, M, 0, /*group=*/0});
+    mm_rows<Kn>(rows + start[q], n, I, M, K, pc, np, Out{cc + int64_t(start[q]) * M, M, 0});
   }
   for (int i = 0; i < nrows; ++i)
     for (int t = 0; t < M; ++t) c[int64_t(row_of[i]) * M + t] = cc[int64_t(i) * M + t];

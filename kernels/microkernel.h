@@ -118,8 +118,10 @@ struct Blocking {
   bool decode_far = false;
   int decode_unroll = 1;   // decode tiles: chunks of a row read together before the next row's
   int decode_ahead = 0;    // decode_prefetch 3's distance, elements
-  int decode_class_rows = 8;  // with decode_far, one token: rows per tile of a class of rows whose
-                              // cuts differ from their neighbours' (taken in order, not far apart)
+  // decode, rows whose cuts differ (any row stride: Qwen3's W_down, 768 elements): 0, class by class
+  // (mm_rows_chained); R > 0, R rows far apart in memory order, each row folding its own pieces
+  // (decode_mixed, glue.h)
+  int decode_mixed_rows = 0;
 };
 
 // ---- the table -----------------------------------------------------------------------------------

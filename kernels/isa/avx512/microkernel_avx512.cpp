@@ -156,15 +156,22 @@ struct Avx512 {
 //   - one token, rows of at most 2048 elements (decode_short_k: Qwen3-30B-A3B, DeepSeek-V3's down
 //     projection): 4 far apart, not 8 consecutive: Qwen3 T = 1 0.96x, DeepSeek-V3 T = 1 0.96x (8 far
 //     apart 1.08-1.12x, 2 far apart 1.01x, two chunks at a time 0.99-1.03x);
-//   - a class of rows whose cuts differ from their neighbours' (Qwen3's down projection, K = 768:
-//     every 8th row, already apart in memory; Out::group 0) in order, not far apart: Qwen3 T = 1 / 2 /
-//     4 0.95-0.98 / 0.96 / 1.00x (decode_class_rows 8; 4: 0.96x).
+//   - rows whose cuts differ from their neighbours' (Qwen3's down projection, K = 768: 8 classes of
+//     cuts, a class every 8th row) no longer class by class (a class's rows, 8 a tile, in order): 4 rows
+//     far apart in memory order, each folding its own pieces (decode_mixed_rows 4, glue.h's
+//     decode_mixed; a third session, 2026-12-05 afternoon). Qwen3-30B-A3B T = 1 / 2 / 4 0.93 / 0.92 /
+//     0.89x the time, Qwen2-57B-A14B (K = 2560) T = 1 / 4 0.99 / 0.91x, Qwen3-235B-A22B (K = 1536)
+//     T = 1 0.96x (2 rows: Qwen3 0.92 / 0.95 / 0.93x; 8: 0.95x at T = 1). What showed it: the
+//     kernel's loops rewritten stand-alone and run in the same process on the same tensors
+//     (scratch code, not kept), the down projection by classes 1.08x the time of 4 rows far apart.
 // Together, 2 threads, against the default tiles: Mixtral-8x7B T = 1 / 2 / 3 / 4 0.90 / 0.88 / 0.85 /
 // 0.86x (T = 1 8.6-9.4 ms, at the read probe's rate), DeepSeek-V3 0.94 / 0.88 / 0.88 / 0.88x,
 // Qwen3-30B-A3B 0.96 / 0.87 / 0.97 / 0.97x; one thread, Mixtral T = 1 / 2 / 4 0.92 / 0.86 / 0.82x.
 // Not closed: Qwen3 at T = 1 streams ~30 GB/s a core against the probe's 42 (vllm:sgl's packed
-// layout reads at the probe's rate); rows of 768 elements (its down projection, classes of cuts)
-// read at ~0.7 of the probe, rows of 2048 at ~0.8.
+// layout reads at the probe's rate). With the rows in memory order (above), in one process on the
+// same tensors: the kernel's gate/up phase 590-610 us and its down phase 300-330 (75.5 MB, its
+// region 0.93 of the call), stand-alone loops of the same tiles 530-545 and 285-290, the two-stream
+// read 0.83-0.87 ms for all of it.
 // Tasks of 512 rows (256): Qwen3-30B-A3B T = 1 / 2 / 4 0.95-0.96 / 0.99 / 0.98x, T = 16 / 64 0.98x,
 // Mixtral-8x7B and DeepSeek-V3 T = 1 1.00x (1024: as 512; 128: 1.01-1.05x).
 // From 5 tokens: token blocks of 128 (W re-read once per 128 tokens, the block's I slice over a piece
@@ -187,7 +194,7 @@ struct Avx512Zen5 : Avx512 {
       /*token_blocks_outer=*/true, /*prefetch_next=*/2, /*decode_prefetch=*/{0, 0, 3, 3, 3},
       /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/4,
       /*decode_short_prefetch=*/0, /*decode_far=*/true, /*decode_unroll=*/2, /*decode_ahead=*/512,
-      /*decode_class_rows=*/8};
+      /*decode_mixed_rows=*/4};
 };
 
 #if defined(HINA_AVX512_NOBF16)
