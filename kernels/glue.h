@@ -109,6 +109,30 @@ __attribute__((always_inline)) inline void tile_step(typename Kn::Acc (&acc)[R][
     }
 }
 
+// The horizontal sums of a tile's accumulators added into at(r, t) (a float&): 16 at a time where the
+// kernel has hsum16 and the tile has at least 4 (the same bits as Kn::hsum's), else one by one.
+template <class Kn, int R, int TT, class At>
+__attribute__((always_inline)) inline void add_sums(const typename Kn::Acc (&acc)[R][TT], At at) {
+  if constexpr (HasHsum16<Kn>::value && R * TT >= 4) {
+    constexpr int N = R * TT;
+    #pragma GCC unroll 4
+    for (int g = 0; g < N; g += 16) {
+      typename Kn::Acc v[16];
+      #pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) v[i] = g + i < N ? acc[(g + i) / TT][(g + i) % TT] : Kn::zero();
+      alignas(64) float s[16];
+      Kn::store16(s, Kn::hsum16(v));
+      #pragma GCC unroll 16
+      for (int i = 0; i < 16 && g + i < N; ++i) at((g + i) / TT, (g + i) % TT) += s[i];
+    }
+  } else {
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+      #pragma GCC unroll 16
+      for (int t = 0; t < TT; ++t) at(r, t) += Kn::hsum(acc[r][t]);
+  }
+}
+
 // The register tile: C[r * ldc + t] += sum_{k0 <= k < k1} W_r[k] * I_t[k]   for r < R, t < TT,
 // [k0, k1) a piece or a sub-block of one. The accumulators start at zero on the piece's first
 // sub-block (`first`), else are loaded from buf (R x TT vectors, row-major); at the piece's last
@@ -138,29 +162,11 @@ inline void acc_tile(const bf16_t* const* w, const typename Kn::Elem* const* in,
   if constexpr (U > 1)
     for (; k + U * C <= k1; k += U * C) tile_step<Kn, R, TT, PF, U>(acc, w, in, k, k0, pf);
   for (; k < k1; k += C) tile_step<Kn, R, TT, PF, 1>(acc, w, in, k, k0, pf);
-  if constexpr (HasHsum16<Kn>::value && R * TT >= 4) {
-    if (last) {  // 16 horizontal sums at a time, the same bits as Kn::hsum's
-      constexpr int N = R * TT;
-      #pragma GCC unroll 4
-      for (int g = 0; g < N; g += 16) {
-        typename Kn::Acc v[16];
-        #pragma GCC unroll 16
-        for (int i = 0; i < 16; ++i) v[i] = g + i < N ? acc[(g + i) / TT][(g + i) % TT] : Kn::zero();
-        alignas(64) float s[16];
-        Kn::store16(s, Kn::hsum16(v));
-        #pragma GCC unroll 16
-        for (int i = 0; i < 16 && g + i < N; ++i) c[row_off((g + i) / TT) + (g + i) % TT] += s[i];
-      }
-      return;
-    }
-  }
+  if (last) return add_sums<Kn, R, TT>(acc, [&](int r, int t) -> float& { return c[row_off(r) + t]; });
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
     #pragma GCC unroll 16
-    for (int t = 0; t < TT; ++t) {
-      if (last) c[row_off(r) + t] += Kn::hsum(acc[r][t]);
-      else buf[r * TT + t] = acc[r][t];
-    }
+    for (int t = 0; t < TT; ++t) buf[r * TT + t] = acc[r][t];
 }
 
 // A whole piece, accumulators in registers only.
@@ -272,24 +278,7 @@ void rows_mixed(const bf16_t* const* w, int nrows, const typename Kn::Elem* cons
           cut[q] = piece_end(e, c0[q], K);
         }
     }
-    if constexpr (HasHsum16<Kn>::value && R * TT >= 4) {  // 16 at a time, the same bits as Kn::hsum's
-      constexpr int N = R * TT;
-      #pragma GCC unroll 4
-      for (int g = 0; g < N; g += 16) {
-        typename Kn::Acc v[16];
-        #pragma GCC unroll 16
-        for (int j = 0; j < 16; ++j) v[j] = g + j < N ? acc[(g + j) / TT][(g + j) % TT] : Kn::zero();
-        alignas(64) float s[16];
-        Kn::store16(s, Kn::hsum16(v));
-        #pragma GCC unroll 16
-        for (int j = 0; j < 16 && g + j < N; ++j) c[int64_t(row[(g + j) / TT]) * M + (g + j) % TT] += s[j];
-      }
-    } else {
-      #pragma GCC unroll 16
-      for (int q = 0; q < R; ++q)
-        #pragma GCC unroll 16
-        for (int t = 0; t < TT; ++t) c[int64_t(row[q]) * M + t] += Kn::hsum(acc[q][t]);
-    }
+    add_sums<Kn, R, TT>(acc, [&](int q, int t) -> float& { return c[int64_t(row[q]) * M + t]; });
   }
   if constexpr (R > 1)
     rows_mixed<Kn, 1, TT, PF, U>(w + tiles * R, nrows - tiles * R, in, K, c + int64_t(tiles) * R * M, M);
