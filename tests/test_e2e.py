@@ -640,7 +640,8 @@ def test_reference_picks_a_validation_prompt_without_a_router_near_tie(monkeypat
 
 def test_peer_targets_over_several_runs_take_the_median_of_each_runs_ratio():
     """A folder of runs: each run's per-layer costs come from its own two depths, and the verdict over
-    the runs is on the median of their ratios (a single run's ratio moves by more than the margin)."""
+    the runs is on the median of their ratios (a single run's ratio moves by more than the margin); the
+    roofline target's too."""
     import pandas as pd
     from hinabench.e2e.figures import per_layer_by_run, run_ratios, tables
     rows = []
@@ -663,6 +664,8 @@ def test_peer_targets_over_several_runs_take_the_median_of_each_runs_ratio():
     text = tables(latest, runs=df)
     assert "hina+l+a >= 1.2x vllm per layer: 1.30x -> PASS (4.00 vs 5.20 ms)" in text       # the newest run alone
     assert "hina+l+a >= 1.2x vllm per layer, over 3 runs of 20261204: median 1.30x (runs 1.10-1.30x) -> PASS" in text
+    # the roofline target too (114 MB at 30 GB/s: 3.8 ms a layer; 5.0, 5.0, 4.0 ms), each run against its own probe
+    assert "hina+l+a per layer within 1.25x of its roofline, over 3 runs of 20261204: median 1.32x (runs 1.05-1.32x) -> FAIL" in text
     assert "over" not in tables(latest)     # without every run's rows: one run, no line over runs
 
 

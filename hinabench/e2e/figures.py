@@ -11,6 +11,7 @@ table4 prefill throughput (tokens/s) by prompt length, batch 1
 """
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from ..errors import UserError
@@ -108,7 +109,8 @@ def per_layer(df, phase: str = "decode"):
             continue
         out.append(dict(model=model, engine=eng, batch=int(b), prompt=int(p), per_layer_ms=pl, mad_ms=mad,
                         depths=f"{n1},{n2}", t1_ms=r1["median_ms"], n1=n1, full_layers=L,
-                        projected_ms=r1["median_ms"] + (L - n1) * pl, raw_ms=pl))
+                        projected_ms=r1["median_ms"] + (L - n1) * pl, raw_ms=pl,
+                        roofline_ms=rl if rl is not None and not fits else None))
     return pd.DataFrame(out)
 
 
@@ -137,6 +139,28 @@ def run_ratios(runs, model: str, engine: str, other: str, batch: int = 1) -> lis
                 and row["per_layer_ms"] >= 2 * row["mad_ms"]}
     h, o = costs(engine), costs(other)
     return sorted((run, o[run] / h[run]) for run in h if run in o)
+
+
+def roofline_ratios(runs, model: str, engine: str, batch: int = 1) -> list[tuple[str, float]]:
+    """(run, engine's per-layer ms / its roofline in that run) for every run whose per-layer cost is above
+    twice its spread and whose layers do not fit the L3 (run_ratios' rule, the issue's roofline target)."""
+    if not len(runs) or "roofline_ms" not in runs:
+        return []
+    r = runs[(runs["model"] == model) & (runs["engine"] == engine) & (runs["batch"] == batch)]
+    return sorted((row["run"], row["per_layer_ms"] / row["roofline_ms"]) for _, row in r.iterrows()
+                  if row["per_layer_ms"] is not None and row["per_layer_ms"] == row["per_layer_ms"]
+                  and row["per_layer_ms"] >= 2 * row["mad_ms"]
+                  and row["roofline_ms"] is not None and row["roofline_ms"] == row["roofline_ms"])
+
+
+def _over_runs(rr, m: str, what: str, bound: float, at_least: bool) -> str:
+    """The line of a target judged on the median of several runs' ratios."""
+    med = statistics.median(x for _, x in rr)
+    days = sorted({str(run)[:8] for run, _ in rr})
+    ok = med >= bound if at_least else med <= bound
+    return (f"- {m}: {what}, over {len(rr)} runs{' of ' + days[0] if len(days) == 1 and days[0].isdigit() else ''}: "
+            f"median {_against(med, bound)}x (runs {min(x for _, x in rr):.2f}-{max(x for _, x in rr):.2f}x) -> "
+            f"{'PASS' if ok else 'FAIL'}")
 
 
 def _status_notes(df, engines=None) -> list[str]:
@@ -410,8 +434,8 @@ def tables(df, runs=None) -> str:
     """The note's tables from stored rows: decode and prefill per depth (median +- MAD), the per-layer
     cost from two depths with the speedups and the roofline ratio, and the issue's targets judged.
     `runs`: the same rows with every run kept (load_frame(..., latest=False)); where two or more runs
-    measured both engines, each peer target is also judged on the median of the runs' ratios."""
-    import statistics
+    measured both engines, each peer target is also judged on the median of the runs' ratios, and so is
+    the roofline target where two or more runs have the engine's per-layer cost."""
     df = e2e_points(df)
     if df.empty:
         raise UserError("no end-to-end rows (op e2e) in the results given")
@@ -512,12 +536,7 @@ def tables(df, runs=None) -> str:
                                f" ({h:.2f} vs {o:.2f} ms)")
                 rr = run_ratios(runs, m, eng, other)
                 if len(rr) >= 2:   # several runs in the rows given: the verdict on their median ratio
-                    med = statistics.median(x for _, x in rr)
-                    days = sorted({str(run)[:8] for run, _ in rr})
-                    out.append(f"- {m}: {eng} >= {need}x {other} per layer, over {len(rr)} runs"
-                               f"{' of ' + days[0] if len(days) == 1 and days[0].isdigit() else ''}: median {_against(med, need)}x "
-                               f"(runs {min(x for _, x in rr):.2f}-{max(x for _, x in rr):.2f}x) -> "
-                               f"{'PASS' if med >= need else 'FAIL'}")
+                    out.append(_over_runs(rr, m, f"{eng} >= {need}x {other} per layer", need, True))
             rl = roof.get((m, eng, 1))
             if h is not None and rl and (m, eng, 1) in cached and h / rl <= 1.25:
                 out.append(f"- {m}: {eng} per layer within 1.25x of its roofline: n/a ({cached[(m, eng, 1)]}; "
@@ -525,6 +544,9 @@ def tables(df, runs=None) -> str:
             elif h is not None and rl:
                 out.append(f"- {m}: {eng} per layer within 1.25x of its roofline: {_against(h / rl, 1.25)}x -> "
                            f"{'PASS' if h / rl <= 1.25 else 'FAIL'} ({h:.2f} ms vs {rl:.2f} ms)")
+            rr = roofline_ratios(runs, m, eng)
+            if len(rr) >= 2:   # as the peer targets: the median of the runs' ratios (each against its own probe)
+                out.append(_over_runs(rr, m, f"{eng} per layer within 1.25x of its roofline", 1.25, False))
             pre = df[(df["phase"] == "prefill") & (df["model"] == m) & (df["batch_size"] == 1) & (df["status"] == "ok")
                      & (df["prompt_tokens"] == 128)]
             for L in sorted(set(pre["layers"])):
