@@ -30,7 +30,8 @@ from . import command_line, ints, names
 @click.option("--tables", "tables_from", default=None,
               help="Print the note's tables (per depth, per layer, the targets, Table 4) from stored rows "
                    "(a results file, folder or glob), and exit. Rows of several runs: the newest per point, "
-                   "and each peer target also over the runs (the median of each run's per-layer ratio).")
+                   "and each peer target and the roofline target also over the runs (the median of each run's "
+                   "per-layer ratio).")
 @click.option("--gguf", "gguf_types", default=None,
               help="Also write the checkpoint as GGUF, comma-separated types (bf16, q8_0), and exit.")
 def e2e(model_names, layers, prompt, gen, batch, engines, prefill, prefill_engines, rounds, seed, threads,
