@@ -285,7 +285,8 @@ void rows_mixed(const bf16_t* const* w, int nrows, const typename Kn::Elem* cons
 }
 
 // decode_mixed_rows rows a tile, one token: decode_short_prefetch, one chunk at a time; 2..decode_max_m
-// tokens: decode_prefetch[M] (0 or 3: its own rows ahead) and decode_unroll.
+// tokens: decode_prefetch[M] and decode_unroll. Of the prefetches only 3 (the tile's own rows ahead) is
+// taken: the next tile's rows (1, 2) have other cuts, so they run without one.
 template <class Kn, int TT = 1>
 void decode_mixed(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int M, int K, float* c) {
   constexpr Blocking B = Kn::kBlocking;
@@ -298,24 +299,6 @@ void decode_mixed(const bf16_t* const* w, int nrows, const typename Kn::Elem* I,
   constexpr int PF = TT == 1 ? (B.decode_short_prefetch == 3 ? 3 : 0) : (B.decode_prefetch[TT] == 3 ? 3 : 0);
   rows_mixed<Kn, B.decode_mixed_rows, TT, PF, TT == 1 ? 1 : B.decode_unroll>(w, nrows, in, K, c, M);
 }
-
-// Whether the blocking in effect takes M tokens over rows of mixed cuts with decode_mixed (and does it).
-template <class Kn>
-bool try_decode_mixed(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int M, int K, float* c) {
-  if constexpr (HasAltBlocking<Kn>::value) {
-    if (Kn::alt_blocking()) return try_decode_mixed<typename Kn::AltBlocking>(w, nrows, I, M, K, c);
-  }
-  if constexpr (Kn::kBlocking.decode_mixed_rows > 0) {
-    if (M <= Kn::kBlocking.decode_max_m) {
-      decode_mixed<Kn>(w, nrows, I, M, K, c);
-      return true;
-    }
-  }
-  return false;
-}
-
-// Kn::AltBlocking (microkernel.h's HasAltBlocking): traits whose kBlocking replaces Kn's in mm_rows,
-// chosen per call. The same bits.
 
 // Decode (M <= decode_max_m tokens): each W row streamed once, all tokens in registers,
 // decode_rows[M] rows per tile.
@@ -345,6 +328,8 @@ thread_local ThreadScratch<typename Kn::Acc> tl_acc{nullptr, 0};
 //   outside or inside the K groups (token_blocks_outer); per block mr rows at a time, the group's
 //   pieces, sub-blocks of k_sub (0: the whole piece; a piece's accumulators are carried across its
 //   sub-blocks in L1, so the sums are those of whole-piece tiles, bit for bit), tiles of nr tokens.
+// Kn::AltBlocking (microkernel.h's HasAltBlocking): traits whose kBlocking replaces Kn's, chosen per
+// call here and in mm_rows_chained. The same bits.
 template <class Kn>
 void mm_rows(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int M, int K,
              const int32_t* pc, int np, Out o) {
@@ -449,6 +434,9 @@ thread_local ThreadScratch<int> tl_row_of{nullptr, 0};
 template <class Kn>
 void mm_rows_chained(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int M, int K,
                      float* c, int group = 1) {
+  if constexpr (HasAltBlocking<Kn>::value) {
+    if (Kn::alt_blocking()) return mm_rows_chained<typename Kn::AltBlocking>(w, nrows, I, M, K, c, group);
+  }
   int32_t pc[2 * kMaxPieces];
   const int c0 = piece_phase(w[0]);
   bool shared = true;
@@ -458,7 +446,9 @@ void mm_rows_chained(const bf16_t* const* w, int nrows, const typename Kn::Elem*
     mm_rows<Kn>(w, nrows, I, M, K, pc, np, Out{c, M, 0, group});
     return;
   }
-  if (try_decode_mixed<Kn>(w, nrows, I, M, K, c)) return;
+  if constexpr (Kn::kBlocking.decode_mixed_rows > 0) {
+    if (M <= Kn::kBlocking.decode_max_m) return decode_mixed<Kn>(w, nrows, I, M, K, c);
+  }
   constexpr int kClasses = kPieceElems / kShapeMultiple;  // first cuts are multiples of 32
   int start[kClasses + 1] = {};
   for (int r = 0; r < nrows; ++r) ++start[piece_phase(w[r]) / kShapeMultiple + 1];

@@ -126,31 +126,29 @@ def per_layer_by_run(df, phase: str = "decode"):
     return pd.concat(parts, ignore_index=True) if parts else per_layer(df.iloc[0:0], phase).assign(run="")
 
 
+def _run_costs(runs, model: str, engine: str, batch: int) -> dict:
+    """{run: its per_layer_by_run row} where the per-layer cost is above twice its spread (the rule
+    `tables` applies to one run: below it the deeper model was not reliably slower)."""
+    if not len(runs):
+        return {}
+    r = runs[(runs["model"] == model) & (runs["engine"] == engine) & (runs["batch"] == batch)]
+    return {row["run"]: row for _, row in r.iterrows()
+            if row["per_layer_ms"] is not None and row["per_layer_ms"] == row["per_layer_ms"]
+            and row["per_layer_ms"] >= 2 * row["mad_ms"]}
+
+
 def run_ratios(runs, model: str, engine: str, other: str, batch: int = 1) -> list[tuple[str, float]]:
-    """(run, other's per-layer ms / engine's) for every run that has both per-layer costs, each above
-    twice its spread (the rule `tables` applies to one run: below it the deeper model was not reliably
-    slower)."""
-    def costs(eng):
-        if not len(runs):
-            return {}
-        r = runs[(runs["model"] == model) & (runs["engine"] == eng) & (runs["batch"] == batch)]
-        return {row["run"]: row["per_layer_ms"] for _, row in r.iterrows()
-                if row["per_layer_ms"] is not None and row["per_layer_ms"] == row["per_layer_ms"]
-                and row["per_layer_ms"] >= 2 * row["mad_ms"]}
-    h, o = costs(engine), costs(other)
-    return sorted((run, o[run] / h[run]) for run in h if run in o)
+    """(run, other's per-layer ms / engine's) for every run that has both per-layer costs (_run_costs)."""
+    h, o = _run_costs(runs, model, engine, batch), _run_costs(runs, model, other, batch)
+    return sorted((run, o[run]["per_layer_ms"] / h[run]["per_layer_ms"]) for run in h if run in o)
 
 
 def roofline_ratios(runs, model: str, engine: str, batch: int = 1) -> list[tuple[str, float]]:
-    """(run, engine's per-layer ms / its roofline in that run) for every run whose per-layer cost is above
-    twice its spread and whose layers do not fit the L3 (run_ratios' rule, the issue's roofline target)."""
-    if not len(runs) or "roofline_ms" not in runs:
-        return []
-    r = runs[(runs["model"] == model) & (runs["engine"] == engine) & (runs["batch"] == batch)]
-    return sorted((row["run"], row["per_layer_ms"] / row["roofline_ms"]) for _, row in r.iterrows()
-                  if row["per_layer_ms"] is not None and row["per_layer_ms"] == row["per_layer_ms"]
-                  and row["per_layer_ms"] >= 2 * row["mad_ms"]
-                  and row["roofline_ms"] is not None and row["roofline_ms"] == row["roofline_ms"])
+    """(run, engine's per-layer ms / its roofline in that run) for every run with a per-layer cost
+    (_run_costs) whose layers do not fit the L3 (the issue's roofline target)."""
+    return sorted((run, row["per_layer_ms"] / row["roofline_ms"])
+                  for run, row in _run_costs(runs, model, engine, batch).items()
+                  if row.get("roofline_ms") is not None and row["roofline_ms"] == row["roofline_ms"])
 
 
 def _over_runs(rr, m: str, what: str, bound: float, at_least: bool) -> str:

@@ -214,8 +214,8 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const AttnBlocking& 
     // keys [from, to) of KV head h, `bytes` from each row's start. The rows' addresses from the layout,
     // not read back from s.kn / s.vn: the same addresses (checked in a scratch build), but on Zen 4's
     // contiguous cache 0.81-0.90x the time (AVX-512; AVX2 0.74-0.84x; two copies of each build
-    // alternated, then again); why the pointer form was slower was not found (on Zen 5, in a trial of a fused step, too: 0.79x
-    // the time from the layout, paged Mixtral-8x7B)
+    // alternated, then again); why the pointer form was slower was not found (on Zen 5, in a trial of
+    // a fused step, too: 0.79x the time from the layout, paged Mixtral-8x7B)
     auto prefetch_keys = [&](int h, int from, int to, int bytes) {
       for (int j = from; j < to; ++j) {
         const char* kr = reinterpret_cast<const char*>(key_at(c, c.k, c.k_seq, c.k_tok, c.k_head, c.k_blk, t.b, h, j));

@@ -159,7 +159,7 @@ struct Avx512 {
 //   - rows whose cuts differ from their neighbours' (Qwen3's down projection, K = 768: 8 classes of
 //     cuts, a class every 8th row) no longer class by class (a class's rows, 8 a tile, in order): 4 rows
 //     far apart in memory order, each folding its own pieces (decode_mixed_rows 4, glue.h's
-//     decode_mixed; a third session, 2026-12-05 afternoon). Qwen3-30B-A3B T = 1 / 2 / 4 0.93 / 0.92 /
+//     decode_mixed; a fourth session, 2026-12-05 afternoon). Qwen3-30B-A3B T = 1 / 2 / 4 0.93 / 0.92 /
 //     0.89x the time, Qwen2-57B-A14B (K = 2560) T = 1 / 4 0.99 / 0.91x, Qwen3-235B-A22B (K = 1536)
 //     T = 1 0.96x (2 rows: Qwen3 0.92 / 0.95 / 0.93x; 8: 0.95x at T = 1). What showed it: the
 //     kernel's loops rewritten stand-alone and run in the same process on the same tensors
