@@ -177,7 +177,10 @@ def test_wait_quiet_waits_for_a_busy_machine_then_says_so(tmp_path):
     try:
         waited, load = wait_quiet(1.0, poll=0.25)
         assert waited >= 1.0 and load > 0.25
-        r = invoke("ffn", *FAST, "--tokens", "1", "--out", str(tmp_path / "w.csv"), "--wait-quiet", "0.5")
+        # the timed window as long as a real run's (--min-time's default): /proc/stat counts in clock ticks
+        # (10 ms), and FAST's 10 ms window read a busy CPU as idle in one full run of 2026-12-05
+        r = invoke("ffn", *FAST, "--min-time", "0.3", "--tokens", "1", "--out", str(tmp_path / "w.csv"),
+                   "--wait-quiet", "0.5")
         assert r.exit_code == 0 and "still" in r.output and "other CPUs busy after waiting" in r.output
         row = csv_rows(tmp_path / "w.csv")[0]
         assert row["load_warning"] == "True"
