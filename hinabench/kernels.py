@@ -516,6 +516,7 @@ def scratch_bytes(isa: str = "auto") -> int:
 
 
 # Decode / extend attention (paper Section 6): its own module, re-exported here.
-from .kernels_attention import (AttentionPlan, attention_isas, attention_last_schedule,  # noqa: E402
+from .kernels_attention import (AttentionPlan, attention_fused_step, attention_isas,  # noqa: E402
+                                attention_last_schedule,
                                 decode_attention, decode_attention_plan, extend_attention,
                                 extend_attention_plan, resolve_attention_isa)

@@ -216,6 +216,14 @@ def extend_attention_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                  isa, threads, kv_splits)
 
 
+def attention_fused_step(enabled: bool | None = None, *, isa: str = "auto") -> bool:
+    """Whether `isa`'s attention kernel runs an unmasked chunk as one fused step (scores, online softmax
+    and P x V for every query row at once; the AVX-512 BF16 kernel has one) or as three calls (the same
+    bits; for tests and ablations); sets it when given, for this process and that ISA's module. Returns
+    the setting."""
+    return bool(_module(resolve_attention_isa(isa)).attention_fused_step(enabled))
+
+
 def attention_last_schedule(isa: str = "auto") -> dict:
     """How the last call on this ISA's module was scheduled: tasks, KV splits, query rows per task."""
     return dict(_module(resolve_attention_isa(isa)).attention_last_schedule())

@@ -207,6 +207,15 @@ void register_attention(py::module_& m) {
       py::arg("kv_splits"), py::arg("isa"), py::arg("threads"),
       "Decode/extend attention on raw buffers (validated by hinabench.kernels.decode_attention / "
       "extend_attention); raises ValueError for bad input.");
+  m.def(
+      "attention_fused_step",
+      [](std::optional<bool> on) {
+        if (on) set_attn_fused_step(*on);
+        return attn_fused_step();
+      },
+      py::arg("enabled") = py::none(),
+      "Whether the attention kernels' fused step (AttnMicroKernel::step) is used where a kernel has one "
+      "(the same bits either way); sets it when given. Returns the setting.");
   m.def("attention_last_schedule", [] {
     const AttnSchedule s = attn_last_schedule();
     py::dict d;

@@ -168,6 +168,37 @@ def test_avx512_blockings_agree_bit_for_bit(isa):
         kernels.avx512_blocking(setting, isa=isa)
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx512-nobf16", "avx512-emulated"])
+def test_avx512_fused_step_gives_the_three_calls_bits(isa):
+    """The AVX-512 kernel's fused step (an unmasked chunk of 32 keys: scores, the online-softmax step and
+    P x V for every query row at once) against the three calls it replaces: the same bits, for groups of
+    4, 8 and 7 query heads (7: rows padded to a multiple of 4), decode and extend (the causal triangle's
+    chunks take the three calls), paged and contiguous, with and without KV splits."""
+    if isa not in ISAS:
+        pytest.skip(f"the {isa} build is not here or this CPU cannot run it")
+    small = isa.endswith("emulated")
+    cases = [(8, 1, 128, [300 if small else 2000], "decode", 1, "paged"),
+             (4, 2, 128, [200 if small else 1100, 77], "decode", 1, "contiguous"),
+             (7, 1, 64, [150 if small else 700], "decode", 1, "paged"),
+             (8, 1, 96, [120 if small else 500], "extend", 19, "contiguous"),
+             (12, 1, 32, [90], "extend", 5, "paged")]
+    assert kernels.attention_fused_step(isa=isa) is True
+    try:
+        for G, h_kv, d, lengths, phase, n, layout in cases:
+            p = AttentionProblem.custom(G * h_kv, h_kv, d, lengths, phase=phase, extend=n, layout=layout,
+                                        block_size=16)
+            data = p.materialize(rotate=False)
+            for splits in (0, 1):
+                out = {}
+                for fused in (True, False):
+                    assert kernels.attention_fused_step(fused, isa=isa) is fused
+                    out[fused] = call(data, isa=isa, kv_splits=splits)
+                assert torch.equal(out[True], out[False]), (G, d, phase, layout, splits)
+                check(data, out[True], f"{isa} fused G={G} d={d} {phase} {layout} splits={splits}")
+    finally:
+        kernels.attention_fused_step(True, isa=isa)
+
+
 # ---- the AVX-512 BF16 and AMX micro-kernels' sources, run here on SIMDe and on the tile emulator
 # (vdpbf16ps / tdpbf16ps scores on K rows as they are, the query block packed once, V converted on demand)
 @pytest.mark.parametrize("isa", EMULATED)

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -47,6 +48,7 @@ const AttnMicroKernel& find_attn_microkernel(const std::string& isa) {
 namespace {
 
 AttnSchedule g_last;
+std::atomic<bool> g_fused_step{true};
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLog2e = 1.4426950408889634f;
@@ -64,6 +66,7 @@ struct Task {
 struct Scratch {
   std::vector<float> qp, O, S, m, l, row;
   std::vector<const bf16_t*> kp, vp, kn, vn;   // this chunk's rows, the next chunk's
+  std::vector<const bf16_t*> pk, pv;           // the next head's rows (a fused step's prefetch)
   std::vector<const bf16_t*> ks, vs;           // the staged rows (strided caches)
   std::vector<bf16_t> kbuf, vbuf;              // chunk_keys x d each: dense copies of strided rows
   std::vector<int> limit;
@@ -264,6 +267,30 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const AttnBlocking& 
         vrows = s.vs.data();
       }
       float* O = s.O.data() + int64_t(hh) * rows * d;
+      if (mk.step && j0 + nk - 1 <= min_limit) {   // no key of the chunk masked: the kernel's fused step,
+                                                   // where it takes the shape, given the rows to prefetch
+        AttnPrefetch pf{s.kn.data(), s.vn.data(), nn, row_bytes, pf_l2}, first{};   // the next chunk's (first head's)
+        if (stage_k || stage_v) {
+          pf.n = 0;
+        } else if (t.nh > 1 && bl.prefetch_order == 1) {   // the next step's rows: the next head's of this chunk
+          if (hh + 1 < t.nh) {
+            rows_of(t.h + hh + 1, j0, nk, s.pk.data(), s.pv.data());
+            pf = {s.pk.data(), s.pv.data(), nk, row_bytes, pf_l2};
+          }
+        } else if (t.nh > 1) {   // order 0: this head's share of the next chunk's token records, and in a
+                                 // task's first chunk (nothing of it prefetched) the next head's rows first
+          const int lo = hh * nn / t.nh, hi = (hh + 1) * nn / t.nh;
+          pf = {s.kn.data() + lo, s.vn.data() + lo, hi - lo, rec_bytes, pf_l2};
+          if (j0 == t.k0 && hh + 1 < t.nh) {
+            rows_of(t.h + hh + 1, j0, nk, s.pk.data(), s.pv.data());
+            first = pf;
+            pf = {s.pk.data(), s.pv.data(), nk, row_bytes, pf_l2, &first};
+          }
+        }
+        if (mk.step(s.qp.data() + hh * qs, rows, d, krows, vrows, nk, s.m.data() + hh * rows, s.l.data() + hh * rows, O,
+                    pf.n > 0 ? &pf : nullptr))
+          continue;
+      }
       for (int j = 0; j < nk; j += sub) {
         if (steps > 1 || j == 0) prefetch_piece(piece++);
         mk.scores(s.qp.data() + hh * qs, rows, d, krows + j, std::min(sub, nk - j), s.S.data() + j, KC);
@@ -305,12 +332,16 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const AttnBlocking& 
 }  // namespace
 
 AttnSchedule attn_last_schedule() { return g_last; }
+void set_attn_fused_step(bool on) { g_fused_step = on; }
+bool attn_fused_step() { return g_fused_step; }
 
 void attention(const AttnCall& c) {
   check(c);
   const AttnMicroKernel& mk = find_attn_microkernel(c.isa);
   const AttnBlocking* now = mk.blocking_now ? mk.blocking_now() : nullptr;
   const AttnBlocking& bl = now ? *now : mk.blocking;
+  AttnMicroKernel kernel = mk;   // the call's copy: without its fused step when that is switched off
+  if (!g_fused_step) kernel.step = nullptr;
   const int G = c.h_q / c.h_kv, d = c.d;
   const int threads = std::max(1, c.threads);
   const int KC = bl.chunk_keys;
@@ -383,7 +414,7 @@ void attention(const AttnCall& c) {
     grow(s.m, max_slot);
     grow(s.l, max_slot);
     grow(s.row, d);
-    for (auto* v : {&s.kp, &s.vp, &s.kn, &s.vn, &s.ks, &s.vs}) grow(*v, KC);
+    for (auto* v : {&s.kp, &s.vp, &s.kn, &s.vn, &s.ks, &s.vs, &s.pk, &s.pv}) grow(*v, KC);
     if (bl.stage_strided) {
       grow(s.kbuf, size_t(nh) * KC * d);
       grow(s.vbuf, size_t(nh) * KC * d);
@@ -395,7 +426,7 @@ void attention(const AttnCall& c) {
         const Task& t = tasks[i];
         float* po = t.part >= 0 ? part_o + size_t(t.part) * max_slot * d : nullptr;
         float* pl = t.part >= 0 ? part_lse + size_t(t.part) * max_slot : nullptr;
-        run_task(c, mk, bl, t, s, po, pl);
+        run_task(c, kernel, bl, t, s, po, pl);
       });
     }
     // ---- merge the splits of every split base task: out = sum_s w_s O_s / sum_s w_s, w_s = 2^(lse_s - max)

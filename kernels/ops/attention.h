@@ -77,6 +77,16 @@ struct AttnBlocking {
                        // next chunk's first head's). The same for a head-major cache (one head a task).
 };
 
+// Rows whose lines a fused step prefetches (AttnMicroKernel::step): n rows of K and of V, the first
+// `bytes` of each, into L2 (prefetcht1) or L1; then `next`'s (nullptr: none).
+struct AttnPrefetch {
+  const bf16_t* const* k;
+  const bf16_t* const* v;
+  int n, bytes;
+  bool l2;
+  const AttnPrefetch* next = nullptr;
+};
+
 struct AttnMicroKernel {
   const char* isa;       // "scalar", "avx2", ...
   const char* cpu_isa;   // isa_usable() must say yes (nullptr: portable)
@@ -95,6 +105,13 @@ struct AttnMicroKernel {
   void (*pv)(const float* P, int lds, int nrows, const bf16_t* const* vals, int nkeys, int d, float* O);
   // O row in this kernel's layout -> natural order fp32, times `scale` (1 / l)
   void (*unpack_o)(const float* O, int d, float scale, float* out);
+  // Optional (nullptr: none): scores, softmax_step and pv of one unmasked chunk, fused, for every row
+  // at once (no S round trip through memory, the probabilities packed as P x V reads them, O rescaled
+  // as P x V loads it), the same bits as the three calls. Returns false, having done nothing, for a
+  // shape it does not take (the three calls do it then). `pf` (nullptr: none): the rows of the next
+  // step, whose lines it prefetches spread over its work.
+  bool (*step)(const float* qp, int nrows, int d, const bf16_t* const* keys, const bf16_t* const* vals, int nkeys,
+               float* m, float* l, float* O, const AttnPrefetch* pf);
 };
 
 extern const AttnMicroKernel attn_microkernel_scalar;
@@ -121,6 +138,11 @@ constexpr int kAttnHeadDimMax = 256;
 // Runs the operator; throws std::invalid_argument for bad input (a block-table entry out of range,
 // kv_len < n_b or kv_len < 1, h_q not a multiple of h_kv, an unsupported head_dim, an unknown ISA).
 void attention(const AttnCall& call);
+
+// Whether a micro-kernel's fused step is used where it has one (default true; off: the three calls,
+// the same bits; for tests and ablations). Per module, for the whole process.
+void set_attn_fused_step(bool on);
+bool attn_fused_step();
 
 // How the last call was scheduled (tests and the backend's notes): tasks and KV splits per task.
 struct AttnSchedule { int64_t tasks = 0; int splits = 0; int block_rows = 0; };

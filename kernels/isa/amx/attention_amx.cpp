@@ -495,10 +495,10 @@ void unpack_o(const float* O, int d, float scale, float* out) {
 
 #if defined(HINA_EMU_AMX)
 const AttnMicroKernel attn_microkernel_amx{
-    "amx-emulated", nullptr, {kChunkKeys, /*block_rows=*/128, /*stage_strided=*/false, /*prefetch_l2=*/false, /*prefetch_steps=*/1, /*prefetch_order=*/0}, nullptr, pack_q, scores, softmax_step, pv, unpack_o};
+    "amx-emulated", nullptr, {kChunkKeys, /*block_rows=*/128, /*stage_strided=*/false, /*prefetch_l2=*/false, /*prefetch_steps=*/1, /*prefetch_order=*/0}, nullptr, pack_q, scores, softmax_step, pv, unpack_o, nullptr};
 #else
 const AttnMicroKernel attn_microkernel_amx{
-    "amx", "amx", {kChunkKeys, /*block_rows=*/128, /*stage_strided=*/false, /*prefetch_l2=*/false, /*prefetch_steps=*/1, /*prefetch_order=*/0}, nullptr, pack_q, scores, softmax_step, pv, unpack_o};
+    "amx", "amx", {kChunkKeys, /*block_rows=*/128, /*stage_strided=*/false, /*prefetch_l2=*/false, /*prefetch_steps=*/1, /*prefetch_order=*/0}, nullptr, pack_q, scores, softmax_step, pv, unpack_o, nullptr};
 #endif
 
 }  // namespace hina

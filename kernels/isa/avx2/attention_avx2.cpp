@@ -231,6 +231,6 @@ void unpack_o(const float* O, int d, float scale, float* out) {
 }  // namespace
 
 const AttnMicroKernel attn_microkernel_avx2{
-    "avx2", "avx2", {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/false, /*prefetch_l2=*/true, /*prefetch_steps=*/4, /*prefetch_order=*/0}, nullptr, pack_q, scores, softmax_step, pv, unpack_o};
+    "avx2", "avx2", {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/false, /*prefetch_l2=*/true, /*prefetch_steps=*/4, /*prefetch_order=*/0}, nullptr, pack_q, scores, softmax_step, pv, unpack_o, nullptr};
 
 }  // namespace hina

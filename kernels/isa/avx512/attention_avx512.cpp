@@ -20,6 +20,9 @@
 // more than their dot products (d = 128: 4 vdpbf16ps per sum); 16 at once, on Zen 4 (2026-12-02,
 // contiguous cache, against hina:avx2 in the same run, before -> after) Qwen3-30B-A3B l = 16384
 // 0.98 -> 0.80x of hina:avx2's time (3.09 ms), Mixtral-8x7B l = 4096 / 16384 0.97 / 0.90 -> 0.78 / 0.76x.
+// An unmasked chunk of 32 keys runs as one fused step (`step`, below) instead of the three calls: the
+// same bits, about two thirds of the instructions' time, and the next step's lines prefetched a few
+// at a time between its tiles.
 #if defined(HINA_EMU_AVX512)
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
@@ -28,6 +31,7 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -40,6 +44,7 @@
 namespace hina {
 namespace {
 
+using vec512::exp2_ps;
 using vec512::first_lanes;
 using vec512::hsum16;
 using vec512::hsum16x16;
@@ -67,6 +72,9 @@ void pack_q(const bf16_t* const* rows, int nrows, int d, float scale, float* qp)
   qp[0] = scale;
   bf16_t* q = reinterpret_cast<bf16_t*>(qp + kQOffset);
   for (int r = 0; r < nrows; ++r) std::memcpy(q + int64_t(r) * d, rows[r], size_t(d) * sizeof(bf16_t));
+  // zero rows up to a multiple of 4, which the fused step computes and drops (within the buffer's
+  // headroom of 16 rows: ops/attention.cpp, q_stride)
+  std::memset(q + int64_t(nrows) * d, 0, size_t((-nrows & 3) * d) * sizeof(bf16_t));
 }
 
 template <int R, int KJ>
@@ -239,25 +247,199 @@ void unpack_o(const float* O, int d, float scale, float* out) {
   if (i < d) _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_loadu_ps(O + i), s));
 }
 
+// ---- the fused step (AttnMicroKernel::step): one unmasked chunk of 32 keys, up to 32 rows (a count
+// that is not a multiple of 4 padded with zero queries), d a multiple of 32. Per group of 4 rows, the 8
+// score tiles stay in registers (lanes 4r + jj: row r, key 4i + jj of tile i) and the online softmax
+// runs on them as vectors: the row maxima and sums within each 4-lane group (the sums in hsum16's
+// order over P_k + P_k+16, alpha by exp2_ps and l by one fma, as softmax_step computes them: the same
+// bits), the probabilities packed to bf16 pairs in the order P x V broadcasts them, alpha kept for P x V
+// to rescale O as it loads it (x 1 is exact). P x V then takes 8 rows x 32 columns a tile (V unpacked
+// once for 8 rows), or 4 x 64. The next step's lines are prefetched a slot at a time (a score tile's
+// 32 columns, a P x V key pair), never in a burst. On Zen 5 (2026-12-05), one KV head's 512 keys in
+// L2, cycles per chunk against the three calls: Qwen3-30B-A3B's 8 rows ~1740 against ~2350,
+// Mixtral-8x7B's 4 ~1020 against ~1330. Batch-1 decode from DRAM, 2 threads, against the three calls
+// with their prefetch pieces (the build before, side by side in one process, 5 rounds, the same
+// output bits): contiguous l = 1024 / 4096 / 16384 Qwen3-30B-A3B 0.90 / 0.84 / 0.82x the time,
+// Mixtral-8x7B 0.77 / 0.76 / 0.79x, Qwen2-57B-A14B (7 rows, padded) 0.93 / 0.89 / 0.84x; paged (block
+// size 32) Qwen3 0.94 / 0.94 / 0.89x, Mixtral 0.96 / 0.96 / 0.91x. From L2 the step is ~1.4x faster;
+// from DRAM the paged cache's reads stay the limit: only reading its lines in the kernel's order, with
+// the same prefetches, and no arithmetic, reaches 42-52 GB/s there against 74-76 contiguous (the read
+// probe: ~80). Tried and not kept: the prefetches in 4 or 16 pieces between the tiles (8: 0.93 and
+// 0.96x of 4, 16 no better), each line also prefetched into L2 2-8 steps ahead (1.2-1.5x the time),
+// the scores' sums in-lane first (no faster), the next step's lines in bursts at the tiles (the pieces).
+// The next step's lines (AttnPrefetch), a few at a time: `tick` at each of `slots` points of the work
+// issues them evenly, every line of a row's K then V, row by row (prefetcht0; an asm statement, as in
+// ops/attention.cpp, which the compiler cannot drop).
+struct LinePrefetch {
+  const AttnPrefetch* pf;   // the segment being issued
+  int64_t total = 0, issued = 0, slots = 1, slot = 0;
+  int row = 0, off = 0, kv = 0;
+  LinePrefetch(const AttnPrefetch* p, int nslots) : pf(p), slots(std::max(1, nslots)) {
+    for (; p; p = p->next) total += 2 * int64_t(std::max(0, p->n)) * ((p->bytes + 63) / 64);
+  }
+  void tick() {
+    if (issued >= total) return;
+    const int64_t upto = std::min(total, (++slot * total + slots - 1) / slots);
+    for (; issued < upto; ++issued) {
+      while (row >= pf->n) pf = pf->next, row = 0;   // the next segment (total counts only what is there)
+      const char* p = reinterpret_cast<const char*>(kv ? pf->v[row] : pf->k[row]) + off;
+      if (pf->l2) __asm__ volatile("prefetcht1 %0" ::"m"(*p));
+      else __asm__ volatile("prefetcht0 %0" ::"m"(*p));
+      if (kv ^= 1) continue;
+      if ((off += 64) >= pf->bytes) off = 0, ++row;
+    }
+  }
+  void finish() { slot = slots - 1; tick(); }
+};
+
+template <typename Tick>
+inline __m512 scores_vec44(const bf16_t* q, int d, const bf16_t* const* keys, float scale, Tick& tick) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  for (int c = 0; c < d; c += 32) {
+    tick.tick();
+    __m512bh k[4];
+    for (int jj = 0; jj < 4; ++jj) k[jj] = as_bh(load_row32(keys[jj] + c, false));
+    for (int r = 0; r < 4; ++r) {
+      const __m512bh qr = as_bh(load_row32(q + int64_t(r) * d + c, false));
+      for (int jj = 0; jj < 4; ++jj) acc[r * 4 + jj] = dpbf16(acc[r * 4 + jj], qr, k[jj]);
+    }
+  }
+  return _mm512_mul_ps(hsum16x16(acc), _mm512_set1_ps(scale));   // scores_tile<4, 4>'s bits
+}
+
+inline __m512 spread4(__m128 v) {   // lanes 4r .. 4r + 3 <- v[r]
+  return _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), _mm512_castps128_ps512(v));
+}
+inline __m128 firsts4(__m512 v) {   // lanes 0, 4, 8, 12
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), v));
+}
+
+constexpr int kStepKeys = 32, kStepRows = 32;
+
+// O[R rows at r0][N blocks of 32 columns at c] = O * alpha + P x V over the chunk's 16 key pairs; pp:
+// per group of 4 rows 64 pairs, block b (keys 8b .. 8b + 7) as [4 rows][4 pairs]
+template <int R, int N>
+inline void step_pv_tile(const uint32_t* pp, const float* alpha, const bf16_t* const* vals, int d, int r0, int c, float* O,
+                         LinePrefetch& tick) {
+  __m512 acc[R][2 * N];
+  for (int r = 0; r < R; ++r) {
+    const __m512 a = _mm512_set1_ps(alpha[r0 + r]);
+    for (int n = 0; n < 2 * N; ++n) acc[r][n] = _mm512_mul_ps(_mm512_loadu_ps(O + int64_t(r0 + r) * d + c + 16 * n), a);
+  }
+  for (int b = 0; b < kStepKeys / 8; ++b) {
+    #pragma GCC unroll 1
+    for (int e = 0; e < 4; ++e) {
+      tick.tick();
+      const int jp = 4 * b + e;
+      __m512bh v[2 * N];
+      for (int n = 0; n < N; ++n) v_unpack(vals[2 * jp], vals[2 * jp + 1], c + 32 * n, v[2 * n], v[2 * n + 1]);
+      for (int r = 0; r < R; ++r) {
+        const int rr = r0 + r;
+        const __m512bh p = as_bh(_mm512_set1_epi32(int(pp[(rr / 4) * 64 + b * 16 + (rr % 4) * 4 + e])));
+        for (int n = 0; n < 2 * N; ++n) acc[r][n] = dpbf16(acc[r][n], p, v[n]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < 2 * N; ++n) _mm512_storeu_ps(O + int64_t(r0 + r) * d + c + 16 * n, acc[r][n]);
+}
+
+bool step(const float* qp, int nrows, int d, const bf16_t* const* keys, const bf16_t* const* vals, int nkeys, float* m,
+          float* l, float* O, const AttnPrefetch* pf) {
+  if (nkeys != kStepKeys || nrows > kStepRows || d % 32 || d > kAttnHeadDimMax) return false;
+  if (nrows % 4) {   // rows up to a multiple of 4 (pack_q zeroed their queries), their state here (G = 7:
+                     // Qwen2-57B-A14B), the real rows' copied in and out: the same bits as without them
+    const int r4 = (nrows + 3) & ~3;
+    alignas(64) float o4[kStepRows * kAttnHeadDimMax];
+    float m4[kStepRows], l4[kStepRows];
+    std::memcpy(o4, O, sizeof(float) * size_t(nrows) * d);
+    std::memset(o4 + int64_t(nrows) * d, 0, sizeof(float) * size_t(r4 - nrows) * d);
+    for (int r = 0; r < r4; ++r) m4[r] = r < nrows ? m[r] : 0.f, l4[r] = r < nrows ? l[r] : 0.f;
+    step(qp, r4, d, keys, vals, nkeys, m4, l4, o4, pf);
+    std::memcpy(O, o4, sizeof(float) * size_t(nrows) * d);
+    std::memcpy(m, m4, sizeof(float) * nrows);
+    std::memcpy(l, l4, sizeof(float) * nrows);
+    return true;
+  }
+  const float scale = qp[0];
+  const bf16_t* q = reinterpret_cast<const bf16_t*>(qp + kQOffset);
+  alignas(64) uint32_t pp[kStepRows / 4 * 64];
+  alignas(64) float alpha[kStepRows];
+  const int groups = nrows / 4;
+  const bool by8 = nrows % 8 == 0;   // P x V tiles of 8 rows x 32 columns, else 4 x 64 (and 4 x 32)
+  const int pv_tiles = by8 ? nrows / 8 * (d / 32) : groups * ((d + 32) / 64);
+  LinePrefetch tick(pf, groups * 8 * (d / 32) + pv_tiles * (kStepKeys / 2));   // a slot per score c-step, per P x V pair
+  // word w of the pair vector of P_2b (words 0..31, bf16 in each lane's low half) and P_2b+1 (32..63):
+  // row r's 4 pairs (keys 8b + 2e, 8b + 2e + 1) at dwords 4r + e
+  alignas(64) static constexpr int16_t kPairIdx[32] = {0,  2,  4,  6,  32, 34, 36, 38, 8,  10, 12, 14, 40, 42, 44, 46,
+                                                       16, 18, 20, 22, 48, 50, 52, 54, 24, 26, 28, 30, 56, 58, 60, 62};
+  const __m512i pidx = _mm512_load_si512(kPairIdx);
+  for (int g = 0; g < groups; ++g) {
+    __m512 T[8];
+    for (int i = 0; i < 8; ++i) T[i] = scores_vec44(q + int64_t(4 * g) * d, d, keys + 4 * i, scale, tick);
+    __m512 M = _mm512_max_ps(_mm512_max_ps(_mm512_max_ps(T[0], T[1]), _mm512_max_ps(T[2], T[3])),
+                             _mm512_max_ps(_mm512_max_ps(T[4], T[5]), _mm512_max_ps(T[6], T[7])));
+    M = _mm512_max_ps(M, _mm512_shuffle_ps(M, M, 0xB1));
+    M = _mm512_max_ps(M, _mm512_shuffle_ps(M, M, 0x4E));
+    const __m512 mo = spread4(_mm_loadu_ps(m + 4 * g));
+    const __m512 mn = _mm512_max_ps(mo, M);
+    const __m512 a = exp2_ps(_mm512_sub_ps(mo, mn));   // mo = -inf: 0
+    __m512 P[8];
+    for (int i = 0; i < 8; ++i) P[i] = exp2_ps(_mm512_sub_ps(T[i], mn));
+    // hsum16's levels over the lanes (P_k + P_k+16) of softmax_step's sum: [k] + [k + 8], [k] + [k + 4]
+    // across the tiles, then [k] + [k + 2], [k] + [k + 1] within the 4-lane groups
+    const __m512 u0 = _mm512_add_ps(P[0], P[4]), u1 = _mm512_add_ps(P[1], P[5]), u2 = _mm512_add_ps(P[2], P[6]),
+                 u3 = _mm512_add_ps(P[3], P[7]);
+    __m512 y = _mm512_add_ps(_mm512_add_ps(u0, u2), _mm512_add_ps(u1, u3));
+    y = _mm512_add_ps(y, _mm512_shuffle_ps(y, y, 0x4E));
+    y = _mm512_add_ps(y, _mm512_shuffle_ps(y, y, 0xB1));
+    _mm_storeu_ps(l + 4 * g, firsts4(_mm512_fmadd_ps(spread4(_mm_loadu_ps(l + 4 * g)), a, y)));
+    _mm_storeu_ps(m + 4 * g, firsts4(mn));
+    _mm_storeu_ps(alpha + 4 * g, firsts4(a));
+    for (int b = 0; b < 4; ++b)
+      _mm512_store_si512(pp + g * 64 + b * 16,
+                         _mm512_permutex2var_epi16(vec512::bf16_16(P[2 * b]), pidx, vec512::bf16_16(P[2 * b + 1])));
+  }
+  if (by8) {
+    for (int r0 = 0; r0 < nrows; r0 += 8)
+      for (int c = 0; c < d; c += 32) step_pv_tile<8, 1>(pp, alpha, vals, d, r0, c, O, tick);
+  } else {
+    for (int r0 = 0; r0 < nrows; r0 += 4) {
+      int c = 0;
+      for (; c + 64 <= d; c += 64) step_pv_tile<4, 2>(pp, alpha, vals, d, r0, c, O, tick);
+      if (c < d) step_pv_tile<4, 1>(pp, alpha, vals, d, r0, c, O, tick);
+    }
+  }
+  tick.finish();
+  return true;
+}
+
 // The blocking, per CPU. The default was measured on Zen 4 (ops/attention.cpp, run_task). Zen 5's
 // (AMD family >= 26, or HINA_AVX512_BLOCKING=zen5: the FFN kernel's switch, microkernel.h) prefetches
-// into L1 (48 KiB there), the next step's rows in the order they are read. On Zen 5 (2026-12-05, 2
-// threads, batch-1 decode, l = 4096, KV from DRAM, the builds side by side in one process, 5 rounds;
-// Qwen3-30B-A3B and Mixtral-8x7B), against the default: into L1 0.84 / 0.85x the time (contiguous),
-// 0.85 / 0.90x (paged), and then the next step's rows 0.82 / 0.81x of that (paged; a head-major
-// cache is the same either way). Tried there and not kept: into L2 two chunks ahead (1.15-1.24x of
-// into L1 one ahead), into L1 two ahead (1.02-1.09x; paged 1.02-1.06x), 8 pieces (1.06-1.08x
-// contiguous, 0.93x / 1.08x paged), 2 and 1 pieces (1.05-1.56x, into L2), no prefetch (1.2-1.8x),
-// chunks of 64 and 128 keys (1.1-1.4x, into L2), a task per head of the paged cache (1.01-1.10x).
+// into L1 (48 KiB there). On Zen 5 (2026-12-05, 2 threads, batch-1 decode, l = 4096, KV from DRAM,
+// the builds side by side in one process, 5 rounds; Qwen3-30B-A3B and Mixtral-8x7B), against the
+// default: into L1 0.84 / 0.85x the time (contiguous), 0.85 / 0.90x (paged). With the three calls, the
+// next step's rows in reading order (prefetch_order 1) were 0.82 / 0.81x of the next chunk's records
+// (order 0) on the paged cache; with the fused step (later the same day, which prefetches per line)
+// order 0 is the faster: paged l = 4096 / 16384 0.98 / 0.91x (Qwen3), 0.93 / 0.76x (Mixtral), so
+// it is order 0 now (a head-major cache is the same either way), and a task's first chunk also gets
+// the next head's rows (paged l = 1024: 0.94 / 0.96x of the three calls, against 1.09 / 1.11x
+// without). Tried there and not kept: into L2 two chunks ahead (1.15-1.24x of into L1 one ahead),
+// into L1 two ahead (1.02-1.09x; paged 1.02-1.06x), 8 pieces (1.06-1.08x contiguous, 0.93x / 1.08x
+// paged), 2 and 1 pieces (1.05-1.56x, into L2), no prefetch (1.2-1.8x), chunks of 64 and 128 keys
+// (1.1-1.4x, into L2), a task per head of the paged cache (1.01-1.10x); with the fused step, into L2
+// (prefetcht1: 1.02-1.31x), the cheaper address walk (a key_at per block, not per key) in the
+// three calls' pieces (paged 1.04-1.12x: the pieces' bursts came faster), a 2 MiB-page cache (no faster).
 constexpr AttnBlocking kBlocking{/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/false, /*prefetch_l2=*/true,
                                  /*prefetch_steps=*/4, /*prefetch_order=*/0};
 constexpr AttnBlocking kBlockingZen5{/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/false, /*prefetch_l2=*/false,
-                                     /*prefetch_steps=*/4, /*prefetch_order=*/1};
+                                     /*prefetch_steps=*/4, /*prefetch_order=*/0};
 const AttnBlocking* blocking_now() { return avx512_blocking_zen5() ? &kBlockingZen5 : &kBlocking; }
 
 }  // namespace
 
 const AttnMicroKernel HINA_AVX512_ENTRY(attn_microkernel_avx512){
-    HINA_AVX512_ISA, HINA_AVX512_CPU_ISA(""), kBlocking, blocking_now, pack_q, scores, softmax_step, pv, unpack_o};
+    HINA_AVX512_ISA, HINA_AVX512_CPU_ISA(""), kBlocking, blocking_now, pack_q, scores, softmax_step, pv, unpack_o, step};
 
 }  // namespace hina

@@ -106,8 +106,9 @@ inline void softmax_step(float* S, int lds, int nrows, int nkeys, float* m, floa
       _mm512_storeu_ps(s + j, p);
       sum = _mm512_add_ps(sum, p);
     }
-    const float alpha = m[r] == ninf ? 0.f : std::exp2(m[r] - mx);
-    l[r] = l[r] * alpha + hsum16(sum);
+    // alpha and l as the AVX-512 kernel's fused step computes them (exp2_ps, one fma), the same bits
+    const float alpha = m[r] == ninf ? 0.f : _mm_cvtss_f32(_mm512_castps512_ps128(exp2_ps(_mm512_set1_ps(m[r] - mx))));
+    l[r] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(l[r]), _mm_set_ss(alpha), _mm_set_ss(hsum16(sum))));
     m[r] = mx;
     if (alpha != 1.f) {
       const __m512 a = _mm512_set1_ps(alpha);

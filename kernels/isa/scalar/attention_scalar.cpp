@@ -58,6 +58,6 @@ void unpack_o(const float* O, int d, float scale, float* out) {
 }  // namespace
 
 const AttnMicroKernel attn_microkernel_scalar{
-    "scalar", nullptr, {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/true, /*prefetch_l2=*/true, /*prefetch_steps=*/1, /*prefetch_order=*/0}, nullptr, pack_q, scores, softmax_step, pv, unpack_o};
+    "scalar", nullptr, {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/true, /*prefetch_l2=*/true, /*prefetch_steps=*/1, /*prefetch_order=*/0}, nullptr, pack_q, scores, softmax_step, pv, unpack_o, nullptr};
 
 }  // namespace hina
