@@ -265,8 +265,10 @@ void unpack_o(const float* O, int d, float scale, float* out) {
 // from DRAM the paged cache's reads stay the limit: only reading its lines in the kernel's order, with
 // the same prefetches, and no arithmetic, reaches 42-52 GB/s there against 74-76 contiguous (the read
 // probe: ~80). Tried and not kept: the prefetches in 4 or 16 pieces between the tiles (8: 0.93 and
-// 0.96x of 4, 16 no better), each line also prefetched into L2 2-8 steps ahead (1.2-1.5x the time),
-// the scores' sums in-lane first (no faster), the next step's lines in bursts at the tiles (the pieces).
+// 0.96x of 4, 16 no better), the chunk after next's lines too, into L1 or L2 (1.3-1.6x the time), the
+// slots once per 8 keys of P x V instead of per key pair (1.08-1.18x), a slot counter without the
+// division (0.99-1.04x; and 1.13-1.27x where its loop was not inlined: a call in the tiles spills
+// every accumulator), the scores' sums in-lane first (no faster).
 // The next step's lines (AttnPrefetch), a few at a time: `tick` at each of `slots` points of the work
 // issues them evenly, every line of a row's K then V, row by row (prefetcht0; an asm statement, as in
 // ops/attention.cpp, which the compiler cannot drop).
