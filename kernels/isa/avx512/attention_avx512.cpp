@@ -432,8 +432,9 @@ bool step(const float* qp, int nrows, int d, const bf16_t* const* keys, const bf
 // into L1 two ahead (1.02-1.09x; paged 1.02-1.06x), 8 pieces (1.06-1.08x contiguous, 0.93x / 1.08x
 // paged), 2 and 1 pieces (1.05-1.56x, into L2), no prefetch (1.2-1.8x), chunks of 64 and 128 keys
 // (1.1-1.4x, into L2), a task per head of the paged cache (1.01-1.10x); with the fused step, into L2
-// (prefetcht1: 1.02-1.31x), the cheaper address walk (a key_at per block, not per key) in the
-// three calls' pieces (paged 1.04-1.12x: the pieces' bursts came faster), a 2 MiB-page cache (no faster).
+// (prefetcht1: 1.02-1.31x), in a first form of it (the driver's prefetch pieces called back between
+// its tiles) the cheaper address walk (a key_at per block, not per key: paged 1.04-1.12x, the pieces'
+// bursts came faster), a 2 MiB-page cache (no faster).
 // Zen 5's tasks take 128 query rows (extend: 16 tokens of Qwen3-30B-A3B's 8 heads a KV head, 32 of
 // Mixtral-8x7B's 4), the fused step all of them at once, so each task streams the prefix's K and V for
 // 4x the rows: extend 128 / 512 new tokens over a 4096 prefix, against 32 rows (the same day, side by
