@@ -329,3 +329,24 @@ def test_a_plan_is_the_call_checked_once_and_reads_the_tensors_as_they_are_when_
     d.q.copy_(saved)
     with pytest.raises(ValueError):                     # checked when made, as the call itself is
         kernels.decode_attention_plan(d.q[:, :7], k, v, d.kv_lens, block_table=table, isa=isa)
+
+
+def test_the_three_calls_ablation_backend_gives_hina_avx512s_bits_and_restores_the_switch():
+    """hina:avx512-3calls runs hina:avx512's attention with the fused step off, call by call: the same
+    output bits, and the module's switch back on after each call (hina:avx512 in the same process keeps
+    its step)."""
+    if "avx512" not in ISAS:
+        pytest.skip("this CPU cannot run the avx512 build")
+    from hinabench.backends import get
+    p = AttentionProblem.create("qwen3-30b-a3b", "decode", 1, 700, layout="paged")
+    d = p.materialize(rotate=False)
+    out = {}
+    for name in ("hina:avx512", "hina:avx512-3calls"):
+        b = get(name)(threads=2)
+        b.supports(d)
+        b.prepare(d)
+        out[name] = b.run_attention(0)
+        assert kernels.attention_fused_step(isa="avx512") is True
+    assert torch.equal(out["hina:avx512"], out["hina:avx512-3calls"])
+    check(d, out["hina:avx512-3calls"], "hina:avx512-3calls")
+    assert get("hina:avx512-3calls").ops == ("attention",)

@@ -135,6 +135,28 @@ class HinaAvx512(_Hina):
 
 
 @register
+class HinaAvx512ThreeCalls(_Hina):
+    """hina:avx512's attention with its fused step switched off: every chunk as the three calls (scores,
+    the online-softmax step, P x V) it replaces, the same bits. An ablation row beside hina:avx512, for the
+    machines the step was not measured on (kernels.attention_fused_step)."""
+    name = "hina:avx512-3calls"
+    isa = "avx512"
+    ops = ("attention",)
+    description = "hina:avx512's attention without its fused step (the three calls per chunk; the same bits): an ablation"
+
+    def run_attention(self, group: int) -> torch.Tensor:
+        was = kernels.attention_fused_step(isa=self.isa)   # per call: another backend in this process may
+        kernels.attention_fused_step(False, isa=self.isa)   # run between two of ours
+        try:
+            return self._plans[group]()
+        finally:
+            kernels.attention_fused_step(was, isa=self.isa)
+
+    def versions(self) -> dict[str, str]:
+        return {**super().versions(), "hina_attn_fused_step": "off"}
+
+
+@register
 class HinaAmx(_Hina):
     name = "hina:amx"
     isa = "amx"

@@ -258,10 +258,11 @@ void unpack_o(const float* O, int d, float scale, float* out) {
 // 32 columns, a P x V key pair), never in a burst. On Zen 5 (2026-12-05), one KV head's 512 keys in
 // L2, cycles per chunk against the three calls: Qwen3-30B-A3B's 8 rows ~1740 against ~2350,
 // Mixtral-8x7B's 4 ~1020 against ~1330. Batch-1 decode from DRAM, 2 threads, against the three calls
-// with their prefetch pieces (the build before, side by side in one process, 5 rounds, the same
-// output bits): contiguous l = 1024 / 4096 / 16384 Qwen3-30B-A3B 0.90 / 0.84 / 0.82x the time,
-// Mixtral-8x7B 0.77 / 0.76 / 0.79x, Qwen2-57B-A14B (7 rows, padded) 0.93 / 0.89 / 0.84x; paged (block
-// size 32) Qwen3 0.94 / 0.94 / 0.89x, Mixtral 0.96 / 0.96 / 0.91x. From L2 the step is ~1.4x faster;
+// with their prefetch pieces (the build before, side by side in one process, 5 rounds, every round
+// within 3% of its median, the same output bits): contiguous l = 1024 / 4096 / 16384 Qwen3-30B-A3B
+// 0.96 / 0.89 / 0.88x the time, Mixtral-8x7B 0.95 / 0.96 / 0.93x; paged (block size 32) Qwen3 0.99 /
+// 0.96 / 0.99x, Mixtral 1.02 / 0.94 / 0.96x (a first run's 0.76-0.79x for Mixtral contiguous had the
+// old build at 1.5x its usual time: not the step's). From L2 the step is ~1.4x faster;
 // from DRAM the paged cache's reads stay the limit: only reading its lines in the kernel's order, with
 // the same prefetches, and no arithmetic, reaches 42-52 GB/s there against 74-76 contiguous (the read
 // probe: ~80). Tried and not kept: the prefetches in 4 or 16 pieces between the tiles (8: 0.93 and
