@@ -499,12 +499,15 @@ def tables(df, runs=None) -> str:
 
     noisy, under = set(), set()
 
+    def batch1(m, e):   # the per-layer row of (model, engine) at batch 1 (empty if none)
+        return pl[(pl["model"] == m) & (pl["engine"] == e) & (pl["batch"] == 1)] if len(pl) else pl
+
     def mad_of(m, e):
-        r = pl[(pl["model"] == m) & (pl["engine"] == e) & (pl["batch"] == 1)] if len(pl) else pl
+        r = batch1(m, e)
         return float(r["mad_ms"].iloc[0]) if len(r) and r["mad_ms"].iloc[0] is not None else 0.0
 
     def layer(m, e):
-        r = pl[(pl["model"] == m) & (pl["engine"] == e) & (pl["batch"] == 1)] if len(pl) else pl
+        r = batch1(m, e)
         v = r["per_layer_ms"].iloc[0] if len(r) else None
         if v is None or v != v:
             if len(r) and r["raw_ms"].iloc[0] == r["raw_ms"].iloc[0] and r["raw_ms"].iloc[0] is not None:
