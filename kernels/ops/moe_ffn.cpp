@@ -182,14 +182,17 @@ void down(const Phases& p, const std::vector<Task>& tasks, int nb) {
 }
 
 // ---- 5. routing-weighted scatter-add back to token order -----------------------------------------
+// (Over (token, block of 256 columns) pairs, so that a decode step's one token is shared by every
+// thread: over tokens, one thread summed all of it while the others waited.)
 void scatter(const MoeCall& a, const Grouping& g, const float* y) {
-  const int64_t T = a.T, H = a.H, k = a.k;
+  const int64_t T = a.T, H = a.H, k = a.k, nb = (H + 255) / 256;
 #pragma omp for schedule(static)
-  for (int64_t t = 0; t < T; ++t) {
+  for (int64_t i = 0; i < T * nb; ++i) {
+    const int64_t t = i / nb, h0 = (i % nb) * 256;
     bf16_t* o = a.out + t * H;
     const float* w = a.topk_weights + t * k;
     const int32_t* rows = &g.pair_row[t * k];
-    for (int64_t h0 = 0; h0 < H; h0 += 256) {
+    {
       float acc[256];
       const int64_t hn = std::min<int64_t>(256, H - h0);
       for (int64_t j = 0; j < hn; ++j) acc[j] = 0.f;
