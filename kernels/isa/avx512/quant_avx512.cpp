@@ -521,10 +521,21 @@ struct VnniKn {
   // 1.29x at T = 2 / 4, Qwen3 0.91x: mixed), 8 rows with it (0.95-1.25x). One token on 512-bit steps
   // (with the compensation vpdpbusd; a step's halves scaled apart at g = 32), as tried on Zen 4: from
   // the L3 0.89x the time (Qwen3-30B-A3B, 2 experts: 116 against 103 GB/s), from DRAM 1.00-1.01x.
+  // Tasks of 1024 rows since 2026-12-05 (Zen 5, side by side, 5-7 rounds, against 512): Qwen3-30B-A3B
+  // T = 1 / 2 / 4 / 8 / 16 0.96 / 0.97 / 0.95 / 0.94 / 0.99x the time (an expert's 768 gate/up rows one
+  // task: a bare read of the same rows, no arithmetic, took 0.90-0.97x at whole experts than at 512
+  // rows), Mixtral-8x7B T = 1 / 16 1.00 / 0.99x; 2048 rows no better (0.96 / 0.96 / 0.93x, Mixtral
+  // 1.01x). Not kept, same day: gate and up in tiles of their own (two gate rows n / 2 apart, then two
+  // up rows; interleave off) 1.00x at 512 rows, 0.96x at 1024 (as 1024 alone); one token's 64-byte
+  // steps with the weights made unsigned, one vpdpbusd per 64 bytes of a row and the per-group scaling
+  // one conversion and one FMA (the products s_w x s_x made 16 groups at a time, the tokens'
+  // compensation taken off once per row): from the L3 0.90x the time, from DRAM 1.03-1.06x (Qwen3-30B-A3B
+  // T = 1), Mixtral-8x7B 1.00x -- the arithmetic is not what a token's call waits on (tiles that skip
+  // the compensation and the per-group scaling altogether, wrong sums: 0.96-1.00x).
   struct Zen5 {
     static constexpr QBlocking kBlocking{/*rows=*/{2, 2, 4, 4, 4}, /*prefetch=*/{0, 0, 0, 2, 2}, /*interleave=*/true,
                                          /*spread=*/true};
-    static constexpr int task_rows = 512;
+    static constexpr int task_rows = 1024;
   };
   static constexpr bool kAltBlocking = true;
   using AltBlocking = Zen5;
