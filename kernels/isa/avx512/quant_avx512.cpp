@@ -153,6 +153,14 @@ inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint
 // prefetch into L1, the rows' scales prefetched. GCC 12 compiled the intrinsic form of the broadcast
 // vpdpbusd into a vpbroadcastd and two register copies of every accumulator per step: dpbusd_bcast
 // writes the instruction.
+// Tried on Zen 5 and not kept (2026-12-05, side by side, Qwen3-30B-A3B, 2 threads): register-only loops
+// there issue a vpdpbusd with an embedded broadcast at ~0.5 ns and one on a broadcast register at ~0.12
+// once four share the broadcast, so 64-row blocks (four transposed row vectors, each token's dword
+// broadcast once for four vpdpbusd, 4-token tiles): from the L3 (2 experts) T = 9 / 16 / 64 0.95-0.99 /
+// 1.01-1.06 / 0.95x the time, but from DRAM (8 experts) 1.8-2.0x (Mixtral T = 16 2.05x): 64 row streams
+// per core (32 rows: 1.16-1.19x); and 16 rows with the tokens' dwords broadcast by vpshufd from a
+// 128-bit broadcast load: from the L3 0.99x, from DRAM 1.03-1.06x. The transposes, the per-group scaling
+// and the stores, not the vpdpbusd's issue, hold these tiles.
 //
 // The packed tokens (quant_glue.h's int8 operand: uint8 rows x + 128, then the scales), then the tokens
 // again, signed (x itself), for the tiles that take them -- the pair tiles' (a decode expert's 2-4, 3
@@ -619,6 +627,8 @@ struct VnniKn {
 // where INT8's vpdpbusd takes 64) and, on that machine, its compute does not overlap its stream.
 // Tried and not kept: a second set of accumulators (the two vdpbf16ps of a step on separate chains),
 // 2.97 -> 3.05 ms at T = 4 from L3.
+// On Zen 5 the same (2026-12-05, Qwen3-30B-A3B from the L3, side by side): T = 1 / 2 / 4 1.00 / 1.07 /
+// 1.19x the time (and with 2 rows at M = 2, 1.17x at T = 2).
 // Every weight is a normal number here (a product with a tiny activation can still underflow, and
 // vdpbf16ps flushes subnormals).
 // the scales arrive x 2^8 (quant_glue.h's convention for the AVX2 kernel's fp16 step)
