@@ -323,16 +323,16 @@ int tile_rows(int M) {
 
 thread_local ThreadScratch<int> tl_pos{nullptr, 0};    // a task's spread positions
 
-// One token (a decode step's expert): the tiles of rows_tokens (Bl's rows[1], prefetch[1], the same
+// Decode tasks (M <= kTokTile tokens): the tiles of rows_tokens (Bl's rows[M], prefetch[M], the same
 // spread), their rows' pointers made as each tile is called and its sums stored straight to their rows,
 // not through the task's pointer lists and the reordering stores; the same tiles over the same rows in
 // the same order, so the same bits. (The driver alone -- a build whose tiles return at once --
 // Qwen3-30B-A3B T = 1: 50 us a call before, 27 after with 2 threads, 57 -> 16 with one; per thread
 // then ~3.6 us in gate/up tasks, ~7.4 in down, ~3.3 each in the token pack and the scatter, ~6 in the
 // region's start and barriers. The real calls side by side, weights from DRAM: INT8 and FP8 T = 1
-// 0.98x the time; Zen 5, 2026-12-05.)
+// 0.98x the time, T = 2 / 4 0.99-1.01x (bits equal at T = 1..4); Zen 5, 2026-12-05.)
 template <class Kn, int R>
-inline void one_token_scales(const float* const (&sw)[R], const float* (&use)[R], float* scaled, int K) {
+inline void decode_scales(const float* const (&sw)[R], const float* (&use)[R], float* scaled, int K) {
   if constexpr (Kn::dtype == Dtype::fp8) {   // the block scales x 2^8, as rows_tokens passes them
     const int nblk = (K + 127) / 128;
     for (int q = 0; q < R; ++q) {
@@ -343,58 +343,64 @@ inline void one_token_scales(const float* const (&sw)[R], const float* (&use)[R]
     for (int q = 0; q < R; ++q) use[q] = sw[q];
   }
 }
-// rows(q, i) -> (W row pointer, scale row) of position q of tile i; out(q, i, v) stores its sum.
-template <class Kn, int R, int PF, class Rows, class Out>
-inline void one_token_tiles(int tiles, const void* I, int K, int group, Rows rows, Out out) {
+// rows(q, i, w, sw): W row pointer and scale row of position q of tile i; out(q, i, c): its TT sums.
+template <class Kn, int R, int TT, int PF, class Rows, class Out>
+inline void decode_tiles(int tiles, const void* I, int K, int group, Rows rows, Out out) {
   float scaled[Kn::dtype == Dtype::fp8 ? R * 1024 : 1];
   for (int i = 0; i < tiles; ++i) {
     const int8_t* w[R];
     const float* sw[R];
     const float* use[R];
     for (int q = 0; q < R; ++q) rows(q, i, w[q], sw[q]);
-    one_token_scales<Kn, R>(sw, use, scaled, K);
-    float c[R] = {};
+    decode_scales<Kn, R>(sw, use, scaled, K);
+    float c[R * TT] = {};
     if (PF != 0 && i + 1 < tiles) {
       const int8_t* pf[R];
       const float* unused;
       for (int q = 0; q < R; ++q) rows(q, i + 1, pf[q], unused);
-      Kn::template tile<R, 1, PF>(w, use, I, 1, K, group, 0, K, 0, c, 1, pf);
+      Kn::template tile<R, TT, PF>(w, use, I, TT, K, group, 0, K, 0, c, TT, pf);
     } else {
-      Kn::template tile<R, 1, 0>(w, use, I, 1, K, group, 0, K, 0, c, 1, nullptr);
+      Kn::template tile<R, TT, 0>(w, use, I, TT, K, group, 0, K, 0, c, TT, nullptr);
     }
-    for (int q = 0; q < R; ++q) out(q, i, c[q]);
+    for (int q = 0; q < R; ++q) out(q, i, c + q * TT);
   }
 }
-template <class Kn, class Bl>
-bool q_gate_up_one(const QGateUpTask& t) {
+template <class Kn, class Bl, int TT>
+bool q_gate_up_decode(const QGateUpTask& t) {
   constexpr QBlocking B = Bl::kBlocking;
-  constexpr int R = B.rows[1], P = R / 2;
-  if constexpr (!B.interleave || R % 2 != 0) return false;
-  if (t.n % P) return false;
-  float* g = tl_c.get(size_t(2) * t.n);
-  float* u = g + t.n;
-  const int tiles = t.n / P, S = B.spread ? tiles : 0;
-  auto j_of = [&](int q, int i) { return B.spread ? i + (q / 2) * S : i * P + q / 2; };
-  one_token_tiles<Kn, R, B.prefetch[1]>(
-      tiles, t.I, t.K, t.group,
-      [&](int q, int i, const int8_t*& w, const float*& sw) {
-        const int row = t.n0 + j_of(q, i);
-        if (q % 2 == 0) {
-          w = t.w_gate + int64_t(row) * t.ldw_gate;
-          sw = Kn::scale_row(t.s_gate, t.lds_gate, row, t.group);
-        } else {
-          w = t.w_up + int64_t(row) * t.ldw_up;
-          sw = Kn::scale_row(t.s_up, t.lds_up, row, t.group);
-        }
-      },
-      [&](int q, int i, float v) { (q % 2 == 0 ? g : u)[j_of(q, i)] = v; });
-  store_act_f32(t.act, t.act_K, t.n0, t.n, 1, g, u, 1);
-  return true;
+  constexpr int R = B.rows[TT], P = R / 2;
+  if constexpr (!B.interleave || R % 2 != 0) {
+    return false;
+  } else {
+    if (t.n % P) return false;
+    float* g = tl_c.get(size_t(2) * t.n * TT);
+    float* u = g + int64_t(t.n) * TT;
+    const int tiles = t.n / P, S = B.spread ? tiles : 0;
+    auto j_of = [&](int q, int i) { return B.spread ? i + (q / 2) * S : i * P + q / 2; };
+    decode_tiles<Kn, R, TT, B.prefetch[TT]>(
+        tiles, t.I, t.K, t.group,
+        [&](int q, int i, const int8_t*& w, const float*& sw) {
+          const int row = t.n0 + j_of(q, i);
+          if (q % 2 == 0) {
+            w = t.w_gate + int64_t(row) * t.ldw_gate;
+            sw = Kn::scale_row(t.s_gate, t.lds_gate, row, t.group);
+          } else {
+            w = t.w_up + int64_t(row) * t.ldw_up;
+            sw = Kn::scale_row(t.s_up, t.lds_up, row, t.group);
+          }
+        },
+        [&](int q, int i, const float* c) {
+          float* d = (q % 2 == 0 ? g : u) + int64_t(j_of(q, i)) * TT;
+          for (int m = 0; m < TT; ++m) d[m] = c[m];
+        });
+    store_act_f32(t.act, t.act_K, t.n0, t.n, TT, g, u, TT);
+    return true;
+  }
 }
-template <class Kn, class Bl>
-void q_down_one(const QDownTask& t) {
+template <class Kn, class Bl, int TT>
+void q_down_decode(const QDownTask& t) {
   constexpr QBlocking B = Bl::kBlocking;
-  constexpr int R = B.rows[1];
+  constexpr int R = B.rows[TT];
   const bool spread = B.spread && t.n % R == 0;
   const int tiles = t.n / R, S = tiles;
   auto j_of = [&](int q, int i) { return spread ? i + q * S : i * R + q; };
@@ -406,19 +412,42 @@ void q_down_one(const QDownTask& t) {
     };
   };
   float* y = t.y + t.n0;
-  one_token_tiles<Kn, R, B.prefetch[1]>(tiles, t.act, t.K, t.group, rows(j_of),
-                                        [&](int q, int i, float v) { y[j_of(q, i)] = v; });
+  auto store = [&](int j, const float* c) {
+    for (int m = 0; m < TT; ++m) y[m * t.ldy + j] = c[m];
+  };
+  decode_tiles<Kn, R, TT, B.prefetch[TT]>(tiles, t.act, t.K, t.group, rows(j_of),
+                                          [&](int q, int i, const float* c) { store(j_of(q, i), c); });
   const int r0 = tiles * R;   // the tail, one row at a time
   auto tail = [r0](int, int i) { return r0 + i; };
-  one_token_tiles<Kn, 1, 0>(t.n - r0, t.act, t.K, t.group, rows(tail),
-                            [&](int, int i, float v) { y[r0 + i] = v; });
+  decode_tiles<Kn, 1, TT, 0>(t.n - r0, t.act, t.K, t.group, rows(tail),
+                             [&](int, int i, const float* c) { store(r0 + i, c); });
+}
+template <class Kn, class Bl>
+bool q_gate_up_decode(const QGateUpTask& t) {
+  switch (t.M) {
+    case 1: return q_gate_up_decode<Kn, Bl, 1>(t);
+    case 2: return q_gate_up_decode<Kn, Bl, 2>(t);
+    case 3: return q_gate_up_decode<Kn, Bl, 3>(t);
+    case 4: return q_gate_up_decode<Kn, Bl, 4>(t);
+    default: return false;
+  }
+}
+template <class Kn, class Bl>
+bool q_down_decode(const QDownTask& t) {
+  switch (t.M) {
+    case 1: q_down_decode<Kn, Bl, 1>(t); return true;
+    case 2: q_down_decode<Kn, Bl, 2>(t); return true;
+    case 3: q_down_decode<Kn, Bl, 3>(t); return true;
+    case 4: q_down_decode<Kn, Bl, 4>(t); return true;
+    default: return false;
+  }
 }
 
 // Gate and up rows in one pass (interleaved: gate j, up j, gate j+1, ... so every tile streams both
 // matrices), SiLU(gate)*up fused into the store (transformation 2).
 template <class Kn, class Bl = Kn>
 void q_gate_up(const QGateUpTask& t) {
-  if (t.M == 1 && q_gate_up_one<Kn, Bl>(t)) return;
+  if (q_gate_up_decode<Kn, Bl>(t)) return;
   const int8_t** rows = tl_w.get(size_t(2) * t.n);
   const float** srows = tl_s.get(size_t(2) * t.n);
   constexpr bool il = Bl::kBlocking.interleave;
@@ -441,7 +470,7 @@ void q_gate_up(const QGateUpTask& t) {
 
 template <class Kn, class Bl = Kn>
 void q_down(const QDownTask& t) {
-  if (t.M == 1) return q_down_one<Kn, Bl>(t);
+  if (q_down_decode<Kn, Bl>(t)) return;
   const int8_t** rows = tl_w.get(size_t(t.n));
   const float** srows = tl_s.get(size_t(t.n));
   const int per = Bl::kBlocking.spread ? tile_rows<Kn, Bl>(t.M) : 1;
