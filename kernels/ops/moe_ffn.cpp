@@ -192,17 +192,15 @@ void scatter(const MoeCall& a, const Grouping& g, const float* y) {
     bf16_t* o = a.out + t * H;
     const float* w = a.topk_weights + t * k;
     const int32_t* rows = &g.pair_row[t * k];
-    {
-      float acc[256];
-      const int64_t hn = std::min<int64_t>(256, H - h0);
-      for (int64_t j = 0; j < hn; ++j) acc[j] = 0.f;
-      for (int64_t s = 0; s < k; ++s) {
-        const float ws = w[s];
-        const float* yr = y + int64_t(rows[s]) * H + h0;
-        for (int64_t j = 0; j < hn; ++j) acc[j] += ws * yr[j];
-      }
-      for (int64_t j = 0; j < hn; ++j) o[h0 + j] = f32_to_bf16(acc[j]);
+    float acc[256];
+    const int64_t hn = std::min<int64_t>(256, H - h0);
+    for (int64_t j = 0; j < hn; ++j) acc[j] = 0.f;
+    for (int64_t s = 0; s < k; ++s) {
+      const float ws = w[s];
+      const float* yr = y + int64_t(rows[s]) * H + h0;
+      for (int64_t j = 0; j < hn; ++j) acc[j] += ws * yr[j];
     }
+    for (int64_t j = 0; j < hn; ++j) o[h0 + j] = f32_to_bf16(acc[j]);
   }
 }
 

@@ -154,8 +154,9 @@ inline void vnni_tile(const int8_t* const* w, const float* const* sw, const uint
 // vpdpbusd into a vpbroadcastd and two register copies of every accumulator per step: dpbusd_bcast
 // writes the instruction.
 // Tried on Zen 5 and not kept (2026-12-05, side by side, Qwen3-30B-A3B, 2 threads): register-only loops
-// there issue a vpdpbusd with an embedded broadcast at ~0.5 ns and one on a broadcast register at ~0.12
-// once four share the broadcast, so 64-row blocks (four transposed row vectors, each token's dword
+// there issue a vpdpbusd on a broadcast register at ~0.12 ns once four share the broadcast (a
+// vpbroadcastd load itself ~0.4 ns; eight embedded-broadcast vpdpbusd over tokens 4096 bytes apart read
+// ~0.5 ns each, the L1 aliasing above), so 64-row blocks (four transposed row vectors, each token's dword
 // broadcast once for four vpdpbusd, 4-token tiles): from the L3 (2 experts) T = 9 / 16 / 64 0.95-0.99 /
 // 1.01-1.06 / 0.95x the time, but from DRAM (8 experts) 1.8-2.0x (Mixtral T = 16 2.05x): 64 row streams
 // per core (32 rows: 1.16-1.19x); and 16 rows with the tokens' dwords broadcast by vpshufd from a
@@ -531,8 +532,8 @@ struct VnniKn {
   // the L3 0.89x the time (Qwen3-30B-A3B, 2 experts: 116 against 103 GB/s), from DRAM 1.00-1.01x.
   // Tasks of 1024 rows since 2026-12-05 (Zen 5, side by side, 5-7 rounds, against 512): Qwen3-30B-A3B
   // T = 1 / 2 / 4 / 8 / 16 0.96 / 0.97 / 0.95 / 0.94 / 0.99x the time (an expert's 768 gate/up rows one
-  // task: a bare read of the same rows, no arithmetic, took 0.90-0.97x at whole experts than at 512
-  // rows), Mixtral-8x7B T = 1 / 16 1.00 / 0.99x; 2048 rows no better (0.96 / 0.96 / 0.93x, Mixtral
+  // task: a bare read of the same rows, no arithmetic, took 0.90-0.97x the time in whole experts that
+  // it took in 512 rows), Mixtral-8x7B T = 1 / 16 1.00 / 0.99x; 2048 rows no better (0.96 / 0.96 / 0.93x, Mixtral
   // 1.01x). Not kept, same day: gate and up in tiles of their own (two gate rows n / 2 apart, then two
   // up rows; interleave off) 1.00x at 512 rows, 0.96x at 1024 (as 1024 alone); one token's 64-byte
   // steps with the weights made unsigned, one vpdpbusd per 64 bytes of a row and the per-group scaling
