@@ -689,6 +689,23 @@ def test_a_single_runs_ratio_within_its_spread_is_inconclusive():
     assert "0.96x -> FAIL" in line, line
 
 
+def test_a_ttft_within_its_spread_is_inconclusive():
+    """TTFT against hf follows the per-layer targets' rule: within the two TTFTs' MADs, INCONCLUSIVE."""
+    import pandas as pd
+    from hinabench.e2e.figures import tables
+    def rows(hina, mad):
+        return pd.DataFrame([dict(op="e2e", model="mixtral-8x7b", backend=eng, phase="prefill", status="ok", layers=2,
+                                  batch_size=1, prompt_tokens=128, median_ms=ms, mad_ms=mad, full_layers=32,
+                                  tokens_per_s=128 / ms * 1e3, rel_err=0.01)
+                             for eng, ms in (("hina+fused", hina), ("hf", 419.3))])
+    def line(df):
+        return next(x for x in tables(df).splitlines() if "TTFT(128)" in x and "<= hf" in x)
+    assert line(rows(434.7, 2.0)).endswith("-> FAIL")                  # 3.7% slower, MADs of 0.5%
+    assert line(rows(421.0, 2.0)).endswith("-> INCONCLUSIVE (within its spread, +- 0.01x)")
+    assert line(rows(410.0, 2.0)).endswith("-> PASS")
+    assert line(rows(410.0, float("nan"))).endswith("-> PASS")          # no MAD recorded: the plain comparison
+
+
 def test_a_ratio_that_would_print_as_its_bound_gets_a_third_decimal():
     from hinabench.e2e.figures import _against
     assert _against(1.196, 1.2) == "1.196" and _against(1.2, 1.2) == "1.20" and _against(1.31, 1.2) == "1.31"
