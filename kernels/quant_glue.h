@@ -90,14 +90,6 @@ thread_local ThreadScratch<const float*> tl_s{nullptr, 0};      // and their sca
 // j' = pos[j] (the tiles' spread order, QBlocking::spread), or j without pos.
 // (g and u gathered into blocks of 64 first, so that the SiLU loop vectorizes: scalar, it was ~1.6 ns a
 // column, 10 us of a Qwen3-30B-A3B T = 1 call's 6144 on one Zen 5 core.)
-// What a decode call spends outside the tiles (Zen 5, 2026-12-05, Qwen3-30B-A3B int8 T = 1, a build
-// whose M = 1 tiles return at once, 2 threads, median of 3000 calls): 67 us a call, then 50 with the
-// spread order kept as a table and read by these stores (no reordering copy of the sums), the SiLU
-// vectorized and the scatter shared by both threads (moe_ffn.cpp); per thread then ~14 us in gate/up
-// and ~19 in down tasks (row pointers, tile calls, stores: ~2.4 ns a down row), 3-4 us each in the
-// token pack and the scatter. The real calls, the builds side by side in one process (weights from
-// DRAM, 7 rounds): T = 1 / 2 / 4 0.93 / 0.95 / 0.97x the time, FP8 T = 1 0.97x; Mixtral-8x7B T = 1
-// and Qwen3-30B-A3B T = 16 unchanged (1.005 / 1.009x).
 inline void store_act_f32(float* act, int act_K, int n0, int n, int M, const float* g, const float* u,
                           int64_t ldg, const int* pos = nullptr) {
   alignas(64) float gb[64], ub[64];
@@ -191,7 +183,8 @@ void i8_pack_act(const float* act, int M, int K, int group, void* out) {
 // c[r * ldc + t] = sum_groups s_w[r][grp] * s_x[t][grp] * sum_{k in grp} W_r[k] * X_t[k]
 // ================================ FP8: the token side ===========================================
 // The AVX2 kernel turns e4m3 into fp16 bits (the value x 2^-8) and F16C into fp32: the tiles' block
-// scales arrive x 2^8 (rows_tokens below; the AVX-512 kernel, which shares the loop, takes it back out).
+// scales arrive x 2^8 (rows_tokens and decode_rows below; the AVX-512 kernel, which shares the loops, takes
+// it back out).
 constexpr float kF8ScaleUp = 256.0f;
 
 size_t f8_packed_bytes(int M, int K, int) { return size_t(M) * K * sizeof(float); }
@@ -210,11 +203,11 @@ void f8_pack_act(const float* act, int M, int K, int, void* out) {
 }
 
 // ================================ the shared loop: rows x token tiles ============================
-// Rows w[0..n) (scales sw[j] = Kn::scale_row of row j) x all M tokens into c [n][M], K in blocks of
-// kb (the tokens' slice of a block stays in L1/L2 while every row tile passes over it; each W byte is
-// read once). R rows per tile (a tail of n % R rows one at a time); with PF, each tile prefetches the
-// next tile's rows while it streams (decode only: one token tile per row tile).
-template <class Kn, int R, int PF>
+// The blocked path (M > kTokTile; decode tasks take decode_rows below): rows w[0..n) (scales sw[j] =
+// Kn::scale_row of row j) x all M tokens into c [n][M], K in blocks of kb (the tokens' slice of a block
+// stays in L1/L2 while every row tile passes over it; each W byte is read once). R rows per tile (a
+// tail of n % R rows one at a time), kTokTile tokens per tile.
+template <class Kn, int R>
 void rows_tokens(const int8_t* const* rows, const float* const* srows, int n, const void* I, int M, int K,
                  int group, int kb, float* c) {
   const int nblk = (K + 127) / 128;
@@ -238,17 +231,6 @@ void rows_tokens(const int8_t* const* rows, const float* const* srows, int n, co
         }
       }
       float* cr = c + int64_t(r) * M;
-      constexpr int P = RR == R ? PF : 0;
-      if (P != 0 && M <= kTokTile && r + 2 * RR <= n) {
-        const int8_t* pf[RR];
-        for (int q = 0; q < RR; ++q) pf[q] = rows[r + RR + q] + kb0;
-        switch (M) {
-          case 4: Kn::template tile<RR, 4, P>(w, sw, I, M, K, group, kb0, kb1, 0, cr, M, pf); return;
-          case 3: Kn::template tile<RR, 3, P>(w, sw, I, M, K, group, kb0, kb1, 0, cr, M, pf); return;
-          case 2: Kn::template tile<RR, 2, P>(w, sw, I, M, K, group, kb0, kb1, 0, cr, M, pf); return;
-          default: Kn::template tile<RR, 1, P>(w, sw, I, M, K, group, kb0, kb1, 0, cr, M, pf); return;
-        }
-      }
       int t = 0;
       for (; t + kTokTile <= M; t += kTokTile)
         Kn::template tile<RR, kTokTile, 0>(w, sw, I, M, K, group, kb0, kb1, t, cr + t, M, nullptr);
@@ -278,26 +260,17 @@ void rows_wide(const int8_t* const* rows, const float* const* srows, int n, cons
   }
 }
 
-// Rows x all M tokens into c [n][M], with Bl::kBlocking's tiles for M (Bl: Kn, or Kn::AltBlocking).
+// Rows x all M > kTokTile tokens into c [n][M], with Bl::kBlocking's tiles (Bl: Kn, or Kn::AltBlocking).
+// K whole while the tokens' slice stays in L2 (M x K <= kWholeK elements): each W row is then one
+// contiguous stream and its tile is re-read from L1/L2 by the next token tiles; more tokens: K in blocks
+// of 1024, the tokens' slice of a block in L1/L2.
 template <class Kn, class Bl = Kn>
 void mm(const int8_t* const* rows, const float* const* srows, int n, const void* I, int M, int K, int group,
         float* c) {
-  constexpr QBlocking B = Bl::kBlocking;
-  switch (M) {
-    case 1: return rows_tokens<Kn, B.rows[1], B.prefetch[1]>(rows, srows, n, I, M, K, group, K, c);
-    case 2: return rows_tokens<Kn, B.rows[2], B.prefetch[2]>(rows, srows, n, I, M, K, group, K, c);
-    case 3: return rows_tokens<Kn, B.rows[3], B.prefetch[3]>(rows, srows, n, I, M, K, group, K, c);
-    case 4: return rows_tokens<Kn, B.rows[4], B.prefetch[4]>(rows, srows, n, I, M, K, group, K, c);
-    default: {
-      // K whole while the tokens' slice stays in L2 (M x K <= kWholeK elements): each W row is then one
-      // contiguous stream and its tile is re-read from L1/L2 by the next token tiles; more tokens: K in
-      // blocks of 1024, the tokens' slice of a block in L1/L2.
-      const int kb = int64_t(M) * K <= kWholeK ? K : 1024;
-      if constexpr (HasWide<Kn>::value)
-        if (Kn::wide_rows(M) != 0) return rows_wide<Kn>(rows, srows, n, I, M, K, group, kb, c);
-      return rows_tokens<Kn, B.rows[0], 0>(rows, srows, n, I, M, K, group, kb, c);
-    }
-  }
+  const int kb = int64_t(M) * K <= kWholeK ? K : 1024;
+  if constexpr (HasWide<Kn>::value)
+    if (Kn::wide_rows(M) != 0) return rows_wide<Kn>(rows, srows, n, I, M, K, group, kb, c);
+  rows_tokens<Kn, Bl::kBlocking.rows[0]>(rows, srows, n, I, M, K, group, kb, c);
 }
 
 // QBlocking::spread: the list position of natural unit u of U when each tile takes `per` consecutive
@@ -314,8 +287,7 @@ inline const int* spread_table(int U, int per, int* pos) {
   return pos;
 }
 template <class Kn, class Bl = Kn>
-int tile_rows(int M) {
-  if (M <= kTokTile) return Bl::kBlocking.rows[M];
+int tile_rows(int M) {   // the blocked path's rows per tile (M > kTokTile)
   if constexpr (HasWide<Kn>::value)
     if (Kn::wide_rows(M) != 0) return Kn::wide_rows(M);
   return Bl::kBlocking.rows[0];
@@ -323,14 +295,17 @@ int tile_rows(int M) {
 
 thread_local ThreadScratch<int> tl_pos{nullptr, 0};    // a task's spread positions
 
-// Decode tasks (M <= kTokTile tokens): the tiles of rows_tokens (Bl's rows[M], prefetch[M], the same
-// spread), their rows' pointers made as each tile is called and its sums stored straight to their rows,
-// not through the task's pointer lists and the reordering stores; the same tiles over the same rows in
-// the same order, so the same bits. (The driver alone -- a build whose tiles return at once --
-// Qwen3-30B-A3B T = 1: 50 us a call before, 27 after with 2 threads, 57 -> 16 with one; per thread
-// then ~3.6 us in gate/up tasks, ~7.4 in down, ~3.3 each in the token pack and the scatter, ~6 in the
-// region's start and barriers. The real calls side by side, weights from DRAM: INT8 and FP8 T = 1
-// 0.98x the time, T = 2 / 4 0.99-1.01x (bits equal at T = 1..4); Zen 5, 2026-12-05.)
+// Decode tasks (M <= kTokTile tokens): Bl's rows[M] rows per tile, one tile of all M tokens, the next
+// tile's rows prefetched with prefetch[M], each tile's row pointers made as it is called and its sums
+// stored straight to their rows (no pointer lists, no reordering stores). What a Qwen3-30B-A3B int8 T = 1
+// call spends outside its tiles (Zen 5, 2026-12-05, a build whose tiles return at once, 2 threads,
+// median of 3000 calls): 67 us when the tasks went through pointer lists, a spread order computed with
+// two divisions a row, a reordering copy of the sums and a scalar SiLU; 50 with the order a table read
+// by the stores, the SiLU vectorized and the scatter shared by both threads (moe_ffn.cpp) -- side by
+// side from DRAM T = 1 / 2 / 4 0.93 / 0.95 / 0.97x the time, FP8 T = 1 0.97x, Mixtral-8x7B unchanged --
+// and 27 (16 with one thread) with the tiles called from here -- T = 1 0.98x, T = 2 / 4 0.99-1.01x, the
+// same bits. Per thread then ~3.6 us in gate/up tasks, ~7.4 in down, ~3.3 each in the token pack and the
+// scatter, ~6 in the region's start and barriers.
 template <class Kn, int R>
 inline void decode_scales(const float* const (&sw)[R], const float* (&use)[R], float* scaled, int K) {
   if constexpr (Kn::dtype == Dtype::fp8) {   // the block scales x 2^8, as rows_tokens passes them
@@ -343,111 +318,92 @@ inline void decode_scales(const float* const (&sw)[R], const float* (&use)[R], f
     for (int q = 0; q < R; ++q) use[q] = sw[q];
   }
 }
-// rows(q, i, w, sw): W row pointer and scale row of position q of tile i; out(q, i, c): its TT sums.
-template <class Kn, int R, int TT, int PF, class Rows, class Out>
-inline void decode_tiles(int tiles, const void* I, int K, int group, Rows rows, Out out) {
+// Positions p0 .. p0 + N - 1 in tiles of R, the last N % R one at a time; row(p, w, sw) names position
+// p's W row and scale row, out(p, c) takes its TT sums. Tile i takes positions i R .. i R + R - 1, or
+// with `spread` (QBlocking::spread; N a multiple of R) G positions from each of R / G equal segments:
+// i G .. i G + G - 1 of each (G = 2: a gate row and its up row stay together).
+template <class Kn, int R, int TT, int PF, class Row, class Out>
+void decode_rows(int p0, int N, int G, bool spread, const void* I, int K, int group, Row row, Out out) {
   float scaled[Kn::dtype == Dtype::fp8 ? R * 1024 : 1];
+  const int tiles = N / R;
+  auto pos = [&](int q, int i) { return p0 + (spread ? (i + (q / G) * tiles) * G + q % G : i * R + q); };
   for (int i = 0; i < tiles; ++i) {
     const int8_t* w[R];
     const float* sw[R];
     const float* use[R];
-    for (int q = 0; q < R; ++q) rows(q, i, w[q], sw[q]);
+    for (int q = 0; q < R; ++q) row(pos(q, i), w[q], sw[q]);
     decode_scales<Kn, R>(sw, use, scaled, K);
     float c[R * TT] = {};
     if (PF != 0 && i + 1 < tiles) {
       const int8_t* pf[R];
       const float* unused;
-      for (int q = 0; q < R; ++q) rows(q, i + 1, pf[q], unused);
+      for (int q = 0; q < R; ++q) row(pos(q, i + 1), pf[q], unused);
       Kn::template tile<R, TT, PF>(w, use, I, TT, K, group, 0, K, 0, c, TT, pf);
     } else {
       Kn::template tile<R, TT, 0>(w, use, I, TT, K, group, 0, K, 0, c, TT, nullptr);
     }
-    for (int q = 0; q < R; ++q) out(q, i, c + q * TT);
+    for (int q = 0; q < R; ++q) out(pos(q, i), c + q * TT);
   }
+  if constexpr (R > 1)
+    if (N % R) decode_rows<Kn, 1, TT, 0>(p0 + tiles * R, N % R, 1, false, I, K, group, row, out);
 }
+static_assert(kTokTile == 4, "q_gate_up and q_down dispatch decode tasks of 1..4 tokens");
+// gate_up's 2n positions: gate j, up j, gate j + 1, ... (interleave) or every gate row, then every up row
 template <class Kn, class Bl, int TT>
-bool q_gate_up_decode(const QGateUpTask& t) {
+void q_gate_up_decode(const QGateUpTask& t) {
   constexpr QBlocking B = Bl::kBlocking;
-  constexpr int R = B.rows[TT], P = R / 2;
-  if constexpr (!B.interleave || R % 2 != 0) {
-    return false;
-  } else {
-    if (t.n % P) return false;
-    float* g = tl_c.get(size_t(2) * t.n * TT);
-    float* u = g + int64_t(t.n) * TT;
-    const int tiles = t.n / P, S = B.spread ? tiles : 0;
-    auto j_of = [&](int q, int i) { return B.spread ? i + (q / 2) * S : i * P + q / 2; };
-    decode_tiles<Kn, R, TT, B.prefetch[TT]>(
-        tiles, t.I, t.K, t.group,
-        [&](int q, int i, const int8_t*& w, const float*& sw) {
-          const int row = t.n0 + j_of(q, i);
-          if (q % 2 == 0) {
-            w = t.w_gate + int64_t(row) * t.ldw_gate;
-            sw = Kn::scale_row(t.s_gate, t.lds_gate, row, t.group);
-          } else {
-            w = t.w_up + int64_t(row) * t.ldw_up;
-            sw = Kn::scale_row(t.s_up, t.lds_up, row, t.group);
-          }
-        },
-        [&](int q, int i, const float* c) {
-          float* d = (q % 2 == 0 ? g : u) + int64_t(j_of(q, i)) * TT;
-          for (int m = 0; m < TT; ++m) d[m] = c[m];
-        });
-    store_act_f32(t.act, t.act_K, t.n0, t.n, TT, g, u, TT);
-    return true;
-  }
+  constexpr int R = B.rows[TT];
+  constexpr bool il = B.interleave;
+  const int N = 2 * t.n;
+  float* g = tl_c.get(size_t(N) * TT);
+  float* u = g + int64_t(t.n) * TT;
+  auto up_j = [&](int p, bool& up) {
+    up = il ? p % 2 != 0 : p >= t.n;
+    return il ? p / 2 : up ? p - t.n : p;
+  };
+  decode_rows<Kn, R, TT, B.prefetch[TT]>(
+      0, N, 2, B.spread && il && R % 2 == 0 && N % R == 0, t.I, t.K, t.group,
+      [&](int p, const int8_t*& w, const float*& sw) {
+        bool up;
+        const int row = t.n0 + up_j(p, up);
+        w = up ? t.w_up + int64_t(row) * t.ldw_up : t.w_gate + int64_t(row) * t.ldw_gate;
+        sw = up ? Kn::scale_row(t.s_up, t.lds_up, row, t.group) : Kn::scale_row(t.s_gate, t.lds_gate, row, t.group);
+      },
+      [&](int p, const float* c) {
+        bool up;
+        const int j = up_j(p, up);
+        float* d = (up ? u : g) + int64_t(j) * TT;
+        for (int m = 0; m < TT; ++m) d[m] = c[m];
+      });
+  store_act_f32(t.act, t.act_K, t.n0, t.n, TT, g, u, TT);
 }
 template <class Kn, class Bl, int TT>
 void q_down_decode(const QDownTask& t) {
   constexpr QBlocking B = Bl::kBlocking;
   constexpr int R = B.rows[TT];
-  const bool spread = B.spread && t.n % R == 0;
-  const int tiles = t.n / R, S = tiles;
-  auto j_of = [&](int q, int i) { return spread ? i + q * S : i * R + q; };
-  auto rows = [&](auto j_at) {
-    return [&t, j_at](int q, int i, const int8_t*& w, const float*& sw) {
-      const int row = t.n0 + j_at(q, i);
-      w = t.w + int64_t(row) * t.ldw;
-      sw = Kn::scale_row(t.s, t.lds, row, t.group);
-    };
-  };
   float* y = t.y + t.n0;
-  auto store = [&](int j, const float* c) {
-    for (int m = 0; m < TT; ++m) y[m * t.ldy + j] = c[m];
-  };
-  decode_tiles<Kn, R, TT, B.prefetch[TT]>(tiles, t.act, t.K, t.group, rows(j_of),
-                                          [&](int q, int i, const float* c) { store(j_of(q, i), c); });
-  const int r0 = tiles * R;   // the tail, one row at a time
-  auto tail = [r0](int, int i) { return r0 + i; };
-  decode_tiles<Kn, 1, TT, 0>(t.n - r0, t.act, t.K, t.group, rows(tail),
-                             [&](int, int i, const float* c) { store(r0 + i, c); });
-}
-template <class Kn, class Bl>
-bool q_gate_up_decode(const QGateUpTask& t) {
-  switch (t.M) {
-    case 1: return q_gate_up_decode<Kn, Bl, 1>(t);
-    case 2: return q_gate_up_decode<Kn, Bl, 2>(t);
-    case 3: return q_gate_up_decode<Kn, Bl, 3>(t);
-    case 4: return q_gate_up_decode<Kn, Bl, 4>(t);
-    default: return false;
-  }
-}
-template <class Kn, class Bl>
-bool q_down_decode(const QDownTask& t) {
-  switch (t.M) {
-    case 1: q_down_decode<Kn, Bl, 1>(t); return true;
-    case 2: q_down_decode<Kn, Bl, 2>(t); return true;
-    case 3: q_down_decode<Kn, Bl, 3>(t); return true;
-    case 4: q_down_decode<Kn, Bl, 4>(t); return true;
-    default: return false;
-  }
+  decode_rows<Kn, R, TT, B.prefetch[TT]>(
+      0, t.n, 1, B.spread && t.n % R == 0, t.act, t.K, t.group,
+      [&](int p, const int8_t*& w, const float*& sw) {
+        w = t.w + int64_t(t.n0 + p) * t.ldw;
+        sw = Kn::scale_row(t.s, t.lds, t.n0 + p, t.group);
+      },
+      [&](int p, const float* c) {
+        for (int m = 0; m < TT; ++m) y[m * t.ldy + p] = c[m];
+      });
 }
 
 // Gate and up rows in one pass (interleaved: gate j, up j, gate j+1, ... so every tile streams both
 // matrices), SiLU(gate)*up fused into the store (transformation 2).
 template <class Kn, class Bl = Kn>
 void q_gate_up(const QGateUpTask& t) {
-  if (q_gate_up_decode<Kn, Bl>(t)) return;
+  switch (t.M) {
+    case 1: return q_gate_up_decode<Kn, Bl, 1>(t);
+    case 2: return q_gate_up_decode<Kn, Bl, 2>(t);
+    case 3: return q_gate_up_decode<Kn, Bl, 3>(t);
+    case 4: return q_gate_up_decode<Kn, Bl, 4>(t);
+    default: break;
+  }
   const int8_t** rows = tl_w.get(size_t(2) * t.n);
   const float** srows = tl_s.get(size_t(2) * t.n);
   constexpr bool il = Bl::kBlocking.interleave;
@@ -470,7 +426,13 @@ void q_gate_up(const QGateUpTask& t) {
 
 template <class Kn, class Bl = Kn>
 void q_down(const QDownTask& t) {
-  if (q_down_decode<Kn, Bl>(t)) return;
+  switch (t.M) {
+    case 1: return q_down_decode<Kn, Bl, 1>(t);
+    case 2: return q_down_decode<Kn, Bl, 2>(t);
+    case 3: return q_down_decode<Kn, Bl, 3>(t);
+    case 4: return q_down_decode<Kn, Bl, 4>(t);
+    default: break;
+  }
   const int8_t** rows = tl_w.get(size_t(t.n));
   const float** srows = tl_s.get(size_t(t.n));
   const int per = Bl::kBlocking.spread ? tile_rows<Kn, Bl>(t.M) : 1;
