@@ -37,7 +37,7 @@
 // Blocking: R W rows x TT tokens of zmm accumulators.
 //   M <= 4: every W row streamed from memory once, R = 4 (M = 1; rows of <= 2048 elements: 8),
 //     8 (M = 2) or 4 (M = 3, 4) rows at a time, the next tile prefetched into L2.
-//   M > 4: 4 rows x 4 tokens (16 accumulators), K in canonical pieces (<= 2048, pieces.h: a 16 KiB
+//   M > 4: 4 rows x 4 tokens (16 accumulators; Zen 5: 6 x 4, below), K in canonical pieces (<= 2048, pieces.h: a 16 KiB
 //     W slice in L1), token blocks of 32 (I slice 128 KiB in L2); W re-read once per 32 tokens.
 //
 // The horizontal sums (one per row, token and piece) are a halving tree, 16 of them at once at the end
@@ -185,11 +185,20 @@ struct Avx512 {
 // H = 4096, I = 512, one thread) they run 256 / 294 / 312 GFLOP/s at T = 16 / 64 / 256 against the
 // register-only 524; each 4 x 4 tile reads its 4 tokens' I from L2 for every group of 4 rows (16 bytes
 // per vdpbf16ps).
+// From 5 tokens, 6 x 4 tiles (24 accumulators; the I read from L2 once per 6 rows, ~11 bytes per
+// vdpbf16ps), the same bits (a seventh session, 2026-12-05 evening; same method, 3-5 rounds, against
+// 4 x 4): Mixtral-8x7B T = 16 / 32 / 64 / 256 0.73 / 0.67-0.78 / 0.66 / 0.61x of the time (T = 256
+// 230 ms, ~785 GFLOP/s), Qwen3-30B-A3B T = 8 / 16 / 64 0.77 / 0.79 / 0.72x, DeepSeek-V3 T = 16 / 64
+// 0.73 / 0.65x; T = 5 / 6 1.00-1.05x. Tried beside it at T = 32 (Mixtral): 8 x 3 0.81x, 7 x 3 0.82x,
+// 6 x 3 0.85x, 12 x 2 0.96x, 5 x 4 1.05x, 4 x 6 1.02x, 3 x 8 1.28x; with 6 x 4, token blocks of 64
+// or 256 1.00-1.09x. (The rows left over when 6 does not divide a task's, 2 of 512, take 1 x 1
+// tiles as before: rn x 4 tiles for them were no faster, and inlined into mm_rows they cost the
+// 4 x 4 tiles of the other kernels 1.07-1.15x.)
 struct Avx512Zen5 : Avx512 {
   static constexpr bool kAltBlocking = false;
   static constexpr Blocking kBlocking{
       /*task_rows=*/512, /*decode_max_m=*/4, /*decode_rows=*/{0, 4, 8, 4, 4},
-      /*mr=*/4, /*nr=*/4, /*k_group=*/0, /*k_sub=*/0,
+      /*mr=*/6, /*nr=*/4, /*k_group=*/0, /*k_sub=*/0,
       /*mb_max=*/128, /*mb_min=*/128, /*mb_l2_bytes=*/0,
       /*token_blocks_outer=*/true, /*prefetch_next=*/2, /*decode_prefetch=*/{0, 0, 3, 3, 3},
       /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/4,
