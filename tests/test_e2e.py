@@ -599,8 +599,52 @@ def test_router_near_tie_is_found_and_worded():
         m(input_ids=torch.arange(10)[None])
     for h in hooks:
         h.remove()
-    assert sorted(layer for _, layer, _ in margins) == [0, 1]        # one (smallest) margin per router
-    assert all(g >= 0 and 0 <= t < 10 for g, _, t in margins)
+    assert sorted((layer, t) for _, layer, t in margins) == [(i, t) for i in (0, 1) for t in range(10)]  # every decision
+    assert all(g >= 0 for g, _, _ in margins)
+    # a decision taken the other way: that token's k-th expert becomes the (k+1)-th, nothing else moves
+    seen = {}
+    def capture(flip):
+        hooks = M._router_hooks(m, [], flip=flip)
+        hooks.append(m.model.layers[1].mlp.gate.register_forward_hook(
+            lambda mod, i, out: seen.__setitem__(flip, (out[1].clone(), out[2].clone()))))
+        with torch.inference_mode():
+            m(input_ids=torch.arange(10)[None])
+        for h in hooks:
+            h.remove()
+    capture(None)
+    capture((1, 4))
+    (w0, e0), (w1, e1) = seen[None], seen[(1, 4)]
+    assert torch.equal(e0[:4], e1[:4]) and not torch.equal(e0[4], e1[4]) and e0[4, 0] == e1[4, 0]
+    assert float(w1[4].sum()) == pytest.approx(1.0)                 # Mixtral's router normalizes its top k
+
+
+def test_a_near_tie_taken_the_other_way_is_an_alternate_reference(monkeypatch):
+    """With a near-tie in every candidate prompt, the reference is also made with each of its ALTERNATES
+    closest decisions taken the other way; an engine's log-probs are judged against the closest of them,
+    and the row says which."""
+    import torch
+    from hinabench.e2e import measure as M
+    ck = C.checkpoint("tiny-qwen3", 2, seed=5)
+    for f in ck.path.glob("reference-*.pt"):
+        f.unlink()
+    cands = M.validation_prompts(ck.config["vocab_size"], 10, 5)
+    monkeypatch.setattr(M, "NEAR_TIE", 1e9)                        # every decision is "near"
+    monkeypatch.setattr(M, "ALTERNATES", 3)
+    ref = M.reference(ck, cands, 8 << 30, echo=lambda *_: None)
+    assert len(ref.alternates) == 3 and all("taken the other way" in w for w, _ in ref.alternates)
+    base = M.prompt_logprobs(ref, ref.logits)
+    moved = [(w, lp) for w, lp in ref.alternates if float((lp - base).abs().max()) > 1e-4]
+    assert moved                                                    # a flipped decision moves the log-probs
+    assert M.logprob_match(base, ref) == (0.0, None)
+    w, lp = moved[0]
+    assert M.logprob_match(lp, ref) == (0.0, w) and M.logprob_err(lp + 0.01, ref) == pytest.approx(0.01, abs=1e-5)
+    far = float((lp - base).abs().max())                            # the reference as made, when within tolerance
+    assert M.logprob_match(lp, ref, far) == (pytest.approx(far), None) and M.logprob_match(lp, ref, far / 2) == (0.0, w)
+    assert "nor within it of the reference with any of its 3 closest" in ref.why_wrong("x")
+    again = M.reference(ck, cands, 8 << 30, echo=lambda *_: None)  # cached with its alternates
+    assert [w for w, _ in again.alternates] == [w for w, _ in ref.alternates]
+    for f in ck.path.glob("reference-*.pt"):
+        f.unlink()
 
 
 def test_reference_picks_a_validation_prompt_without_a_router_near_tie(monkeypatch):
