@@ -191,7 +191,8 @@ struct Avx512 {
 // 230 ms, ~785 GFLOP/s), Qwen3-30B-A3B T = 8 / 16 / 64 0.77 / 0.79 / 0.72x, DeepSeek-V3 T = 16 / 64
 // 0.73 / 0.65x; T = 5 / 6 1.00-1.05x. Tried beside it at T = 32 (Mixtral): 8 x 3 0.81x, 7 x 3 0.82x,
 // 6 x 3 0.85x, 12 x 2 0.96x, 5 x 4 1.05x, 4 x 6 1.02x, 3 x 8 1.28x; with 6 x 4, token blocks of 64
-// or 256 1.00-1.09x. (The rows left over when 6 does not divide a task's, 2 of 512, take 1 x 1
+// or 256 1.00-1.09x, K sub-blocks of 1024 / 512 with the accumulators carried 1.03-1.04 / 1.09x (T = 64);
+// the decode tiles at M = 3, 4 with 6 or 8 rows in place of 4: 1.02-1.08x. (The rows left over when 6 does not divide a task's, 2 of 512, take 1 x 1
 // tiles as before: rn x 4 tiles for them were no faster, and inlined into mm_rows they cost the
 // 4 x 4 tiles of the other kernels 1.07-1.15x.)
 struct Avx512Zen5 : Avx512 {
