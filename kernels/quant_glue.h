@@ -347,7 +347,6 @@ void decode_rows(int p0, int N, int G, bool spread, const void* I, int K, int gr
   if constexpr (R > 1)
     if (N % R) decode_rows<Kn, 1, TT, 0>(p0 + tiles * R, N % R, 1, false, I, K, group, row, out);
 }
-static_assert(kTokTile == 4, "q_gate_up and q_down dispatch decode tasks of 1..4 tokens");
 // gate_up's 2n positions: gate j, up j, gate j + 1, ... (interleave) or every gate row, then every up row
 template <class Kn, class Bl, int TT>
 void q_gate_up_decode(const QGateUpTask& t) {
@@ -393,17 +392,24 @@ void q_down_decode(const QDownTask& t) {
       });
 }
 
+// f(IntC<M>{}) for a decode task's M = 1..kTokTile tokens (true), else nothing (false).
+template <class F>
+inline bool by_tokens(int M, F&& f) {
+  static_assert(kTokTile == 4, "one case per decode token count");
+  switch (M) {
+    case 1: f(IntC<1>{}); return true;
+    case 2: f(IntC<2>{}); return true;
+    case 3: f(IntC<3>{}); return true;
+    case 4: f(IntC<4>{}); return true;
+    default: return false;
+  }
+}
+
 // Gate and up rows in one pass (interleaved: gate j, up j, gate j+1, ... so every tile streams both
 // matrices), SiLU(gate)*up fused into the store (transformation 2).
 template <class Kn, class Bl = Kn>
 void q_gate_up(const QGateUpTask& t) {
-  switch (t.M) {
-    case 1: return q_gate_up_decode<Kn, Bl, 1>(t);
-    case 2: return q_gate_up_decode<Kn, Bl, 2>(t);
-    case 3: return q_gate_up_decode<Kn, Bl, 3>(t);
-    case 4: return q_gate_up_decode<Kn, Bl, 4>(t);
-    default: break;
-  }
+  if (by_tokens(t.M, [&](auto tt) { q_gate_up_decode<Kn, Bl, decltype(tt)::value>(t); })) return;
   const int8_t** rows = tl_w.get(size_t(2) * t.n);
   const float** srows = tl_s.get(size_t(2) * t.n);
   constexpr bool il = Bl::kBlocking.interleave;
@@ -426,13 +432,7 @@ void q_gate_up(const QGateUpTask& t) {
 
 template <class Kn, class Bl = Kn>
 void q_down(const QDownTask& t) {
-  switch (t.M) {
-    case 1: return q_down_decode<Kn, Bl, 1>(t);
-    case 2: return q_down_decode<Kn, Bl, 2>(t);
-    case 3: return q_down_decode<Kn, Bl, 3>(t);
-    case 4: return q_down_decode<Kn, Bl, 4>(t);
-    default: break;
-  }
+  if (by_tokens(t.M, [&](auto tt) { q_down_decode<Kn, Bl, decltype(tt)::value>(t); })) return;
   const int8_t** rows = tl_w.get(size_t(t.n));
   const float** srows = tl_s.get(size_t(t.n));
   const int per = Bl::kBlocking.spread ? tile_rows<Kn, Bl>(t.M) : 1;
