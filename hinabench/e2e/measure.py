@@ -302,7 +302,8 @@ def validate(model, ref: Reference, tolerance: float = LOGIT_TOLERANCE) -> dict:
             break
         match += 1
     return {"rel_err": err, "decode_rel_err": dec_err, "argmax_agree": agree,
-            "greedy_match": f"{match}/{len(ref.greedy)}", "logprob_err": lp_err, "logprob_ref": lp_ref, "tolerance": tolerance,
+            "greedy_match": f"{match}/{len(ref.greedy)}", "logprob_err": lp_err, "logprob_ref": lp_ref,
+            "tolerance": tolerance,
             "ok": err <= tolerance and (dec_err is None or dec_err <= tolerance)}
 
 
@@ -332,7 +333,7 @@ def logprob_match(got, ref: Reference, tolerance: float | None = None) -> tuple[
     alternates (a near-tie router decision taken the other way: the words for it). `got` is [Pv, V]
     logits or the [Pv - 1] log-probs themselves."""
     got = (got if got.dim() == 1 else prompt_logprobs(ref, got)).float()
-    best = (float((got - prompt_logprobs(ref, ref.logits)).abs().max()), None)
+    best = (logprob_err(got, ref), None)
     if tolerance is not None and best[0] <= tolerance:
         return best
     for words, lp in ref.alternates:
@@ -343,9 +344,10 @@ def logprob_match(got, ref: Reference, tolerance: float | None = None) -> tuple[
 
 
 def logprob_err(got, ref: Reference) -> float:
-    """max |delta log-prob| (nats) over the prompt tokens against the closest of the reference and its
-    alternates: the measure the engines in other processes are judged by (logprob_match)."""
-    return logprob_match(got, ref)[0]
+    """max |delta log-prob| (nats) over the prompt tokens against the reference as made (its alternates:
+    logprob_match); `got` is [Pv, V] logits or the [Pv - 1] log-probs themselves."""
+    got = got if got.dim() == 1 else prompt_logprobs(ref, got)
+    return float((got.float() - prompt_logprobs(ref, ref.logits)).abs().max())
 
 
 # ---- timing ------------------------------------------------------------------------------------------

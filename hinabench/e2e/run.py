@@ -202,8 +202,8 @@ class _InProcess:
                                     + ("" if v["decode_rel_err"] is None else
                                        f", the last {M.DECODE_CHECK} again as decode steps: rel_err {v['decode_rel_err']:.2e}")
                                     + f"; argmax agree {v['argmax_agree']:.2f} (random weights: near-uniform logits, argmax fragile)"
-                                    + ("" if not v.get("logprob_ref") else
-                                       f"; prompt log-probs {v['logprob_err']:.3g} nats from it with {v['logprob_ref']}"),
+                                    + ("" if not v.get("logprob_ref") else f"; prompt log-probs "
+                                       f"{v['logprob_err']:.3g} nats from it with {v['logprob_ref']}"),
                          logit_rel_err_hf=hf_err, logprob_err=v["logprob_err"], router_margin=ref.router_margin,
                          decode_rel_err=v["decode_rel_err"],
                          status="ok" if v["ok"] else "wrong",
@@ -399,8 +399,8 @@ def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str, hf_lp: float | No
                  engine_impl=impl,
                  rel_err=err, tolerance=tolerance, greedy_match=f"{match}/{len(ref.greedy)}",
                  validation=f"max |delta log-prob| of {len(got)} prompt tokens vs {ref.what} (prompt_logprobs)"
-                            + (f", with {alt} (closer than the reference as made: "
-                               f"{M.logprob_match(got, M.Reference(ref.ids, ref.logits, [], ''))[0]:.3g} nats)" if alt else "")
+                            + (f", with {alt} (the reference as made: {M.logprob_err(got, ref):.3g} nats)"
+                               if alt else "")
                             + own,
                  logprob_err=err, logprob_err_hf=hf_lp, router_margin=ref.router_margin,
                  status="ok" if ok else "wrong",

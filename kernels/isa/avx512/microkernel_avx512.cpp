@@ -37,8 +37,9 @@
 // Blocking: R W rows x TT tokens of zmm accumulators.
 //   M <= 4: every W row streamed from memory once, R = 4 (M = 1; rows of <= 2048 elements: 8),
 //     8 (M = 2) or 4 (M = 3, 4) rows at a time, the next tile prefetched into L2.
-//   M > 4: 4 rows x 4 tokens (16 accumulators; Zen 5: 6 x 4, below), K in canonical pieces (<= 2048, pieces.h: a 16 KiB
-//     W slice in L1), token blocks of 32 (I slice 128 KiB in L2); W re-read once per 32 tokens.
+//   M > 4: 4 rows x 4 tokens (16 accumulators; Zen 5: 6 x 4, below), K in canonical pieces (<= 2048,
+//     pieces.h: a 16 KiB W slice in L1), token blocks of 32 (I slice 128 KiB in L2); W re-read once
+//     per 32 tokens.
 //
 // The horizontal sums (one per row, token and piece) are a halving tree, 16 of them at once at the end
 // of a tile (hsum16: four levels of shuffles and adds over 16 accumulators, the same bits as one tree
@@ -191,10 +192,11 @@ struct Avx512 {
 // 230 ms, ~785 GFLOP/s), Qwen3-30B-A3B T = 8 / 16 / 64 0.77 / 0.79 / 0.72x, DeepSeek-V3 T = 16 / 64
 // 0.73 / 0.65x; T = 5 / 6 1.00-1.05x. Tried beside it at T = 32 (Mixtral): 8 x 3 0.81x, 7 x 3 0.82x,
 // 6 x 3 0.85x, 12 x 2 0.96x, 5 x 4 1.05x, 4 x 6 1.02x, 3 x 8 1.28x; with 6 x 4, token blocks of 64
-// or 256 1.00-1.09x, K sub-blocks of 1024 / 512 with the accumulators carried 1.03-1.04 / 1.09x (T = 64);
-// the decode tiles at M = 3, 4 with 6 or 8 rows in place of 4: 1.02-1.08x. (The rows left over when 6 does not divide a task's, 2 of 512, take 1 x 1
-// tiles as before: rn x 4 tiles for them were no faster, and inlined into mm_rows they cost the
-// 4 x 4 tiles of the other kernels 1.07-1.15x.)
+// or 256 1.00-1.09x, K sub-blocks of 1024 / 512 with the accumulators carried 1.03-1.04 / 1.09x
+// (T = 64); the decode tiles at M = 3, 4 with 6 or 8 rows in place of 4: 1.02-1.08x. The rows left
+// over when 6 does not divide a task's (2 of 512) take 1 x 1 tiles as before: 1 x 4 tiles for them
+// were 0.99-1.00x, and rn x 4 tiles inlined into mm_rows cost the 4 x 4 tiles of the other kernels
+// 1.07-1.15x.
 struct Avx512Zen5 : Avx512 {
   static constexpr bool kAltBlocking = false;
   static constexpr Blocking kBlocking{
