@@ -381,11 +381,12 @@ void mm_rows(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int 
           int t = 0;
           if constexpr (B.prefetch_next) {
             // The first tile prefetches the W sub-block after this one: the next of these rows
-            // in this group, else the group's first of the next MR rows.
+            // in this group, else the group's first of the MR rows prefetch_groups groups ahead.
+            constexpr int PG = B.prefetch_groups;
             const bf16_t* pf[MR];
             const bf16_t* const* pfp = pf;
             if (s1 < gk1) for (int q = 0; q < MR; ++q) pf[q] = w[r + q] + s1;
-            else if (r + 2 * MR <= nrows) for (int q = 0; q < MR; ++q) pf[q] = w[r + MR + q] + gk0;
+            else if (r + (PG + 1) * MR <= nrows) for (int q = 0; q < MR; ++q) pf[q] = w[r + PG * MR + q] + gk0;
             else pfp = nullptr;
             if (pfp && mc >= NR) {
               acc_tile<Kn, MR, NR, B.prefetch_next>(w + r, in, s0, s1, acc_of(0), first, last, cr, ld, pfp);

@@ -122,6 +122,8 @@ struct Blocking {
   // (mm_rows_chained); R > 0, R rows far apart in memory order, each row folding its own pieces
   // (decode_mixed, glue.h)
   int decode_mixed_rows = 0;
+  // prefetch_next at a group's last piece: the first piece of the row group this many groups ahead
+  int prefetch_groups = 1;
 };
 
 // ---- the table -----------------------------------------------------------------------------------
