@@ -198,9 +198,10 @@ struct Avx512 {
 // were 0.99-1.00x, and rn x 4 tiles inlined into mm_rows cost the 4 x 4 tiles of the other kernels
 // 1.07-1.15x.
 // The blocked tiles' prefetch (prefetch_next) at a piece's last row group: the row group two ahead
-// (prefetch_groups 2; was the next): Mixtral-8x7B T = 16 / 64 0.95-0.96 / 0.98x the time, Qwen3-30B-A3B
-// T = 16 0.97-0.99x, DeepSeek-V3 T = 64 0.99x (same method, 5 rounds, two runs); three ahead 0.95 / 0.98 / 0.98x; the next group
-// by the first token tile and the one after it by the second 1.00 / 0.99 / 0.97x.
+// (prefetch_groups 2; was the next): Mixtral-8x7B T = 16 / 64 0.95-0.96 / 0.98x the time,
+// Qwen3-30B-A3B T = 16 0.97-0.99x, DeepSeek-V3 T = 64 0.99x (same method, 5 rounds, two runs); three
+// ahead 0.95 / 0.98 / 0.98x; the next group by the first token tile and the one after it by the
+// second 1.00 / 0.99 / 0.97x.
 struct Avx512Zen5 : Avx512 {
   static constexpr bool kAltBlocking = false;
   static constexpr Blocking kBlocking{
