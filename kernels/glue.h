@@ -531,11 +531,11 @@ void piece_dots(const PieceTask& t) {
 
 // The task rows of Kn's blocking in effect (a kernel with an alternative blocking: per call).
 template <class Kn>
-int task_rows_now() {
+int task_rows_now(bool linear) {
   if constexpr (HasAltBlocking<Kn>::value) {
-    if (Kn::alt_blocking()) return Kn::AltBlocking::kBlocking.task_rows;
+    if (Kn::alt_blocking()) return blocking_task_rows(Kn::AltBlocking::kBlocking, linear);
   }
-  return Kn::kBlocking.task_rows;
+  return blocking_task_rows(Kn::kBlocking, linear);
 }
 
 // A dot-product kernel's table entry (microkernel.h), every function from the glue above.

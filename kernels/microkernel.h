@@ -124,6 +124,7 @@ struct Blocking {
   int decode_mixed_rows = 0;
   // prefetch_next at a group's last piece: the first piece of the row group this many groups ahead
   int prefetch_groups = 1;
+  int linear_task_rows = 0;  // the linear op's preferred rows per task (0: task_rows)
 };
 
 // ---- the table -----------------------------------------------------------------------------------
@@ -146,12 +147,15 @@ struct MicroKernel {
   // gate_up and down also take rows whose piece cuts differ (any row stride), in the canonical
   // order; otherwise the driver sends such a matrix down the piece path.
   bool mixed_cuts = false;
-  // The task rows on this CPU, where a kernel chooses its blocking at run time (nullptr:
-  // blocking.task_rows); the driver reads it through task_rows(mk).
-  int (*task_rows_now)() = nullptr;
+  // The task rows on this CPU (the linear op's, or the FFN's), where a kernel chooses its blocking at
+  // run time (nullptr: blocking's); the driver reads it through task_rows(mk, linear).
+  int (*task_rows_now)(bool linear) = nullptr;
 };
-inline int task_rows(const MicroKernel& mk) {
-  return mk.task_rows_now ? mk.task_rows_now() : mk.blocking.task_rows;
+inline int blocking_task_rows(const Blocking& b, bool linear) {
+  return linear && b.linear_task_rows ? b.linear_task_rows : b.task_rows;
+}
+inline int task_rows(const MicroKernel& mk, bool linear = false) {
+  return mk.task_rows_now ? mk.task_rows_now(linear) : blocking_task_rows(mk.blocking, linear);
 }
 
 // The entries, one per ISA file (isa/<isa>/), each constant-initialised data: reading an entry runs

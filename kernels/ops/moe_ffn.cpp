@@ -487,7 +487,7 @@ void linear_fused(const LinearCall& c, const std::vector<LinearWeight>& ws, cons
     bytes += align64(size_t(c.T) * lw.N * sizeof(float));
     rows_all += lw.N;
   }
-  const int nb = block_rows(task_rows(mk), rows_all, 1, threads);
+  const int nb = block_rows(task_rows(mk, /*linear=*/true), rows_all, 1, threads);
   std::vector<Task> tasks;
   for (size_t i = 0; i < ws.size(); ++i)
     for (int32_t n0 = 0; n0 < ws[i].N; n0 += nb) tasks.push_back({int32_t(i), n0});

@@ -202,16 +202,23 @@ struct Avx512 {
 // Qwen3-30B-A3B T = 16 0.97-0.99x, DeepSeek-V3 T = 64 0.99x (same method, 5 rounds, two runs); three
 // ahead 0.95 / 0.98 / 0.98x; the next group by the first token tile and the one after it by the
 // second 1.00 / 0.99 / 0.97x.
+// Tasks of 768 rows (512), so that 6 divides a task's rows (gate/up's interleaved, Qwen3's down
+// projection's 96 a class) and no task ends in 1 x 1 tiles: Qwen3-30B-A3B T = 4 / 16 / 64 0.98 / 0.94 /
+// 0.94x the time (a second run: T = 16 / 64 0.96 / 0.94x), DeepSeek-V3 T = 1 0.99x and T = 16 0.96 and
+// 1.01x (two runs), Mixtral-8x7B T = 32 0.99x, T = 1 / 4 / 256 and
+// Qwen3 T = 1 1.00x (same method, 3-5 rounds; 384 rows: 0.96-1.03x). The linear op keeps 512
+// (linear_task_rows): its rows are powers of two, and at 768 it took 1.01-1.06x the time (T = 1, q/k/v
+// and o shapes of Qwen3-30B-A3B and Mixtral-8x7B; T = 128 1.05x).
 struct Avx512Zen5 : Avx512 {
   static constexpr bool kAltBlocking = false;
   static constexpr Blocking kBlocking{
-      /*task_rows=*/512, /*decode_max_m=*/4, /*decode_rows=*/{0, 4, 8, 4, 4},
+      /*task_rows=*/768, /*decode_max_m=*/4, /*decode_rows=*/{0, 4, 8, 4, 4},
       /*mr=*/6, /*nr=*/4, /*k_group=*/0, /*k_sub=*/0,
       /*mb_max=*/128, /*mb_min=*/128, /*mb_l2_bytes=*/0,
       /*token_blocks_outer=*/true, /*prefetch_next=*/2, /*decode_prefetch=*/{0, 0, 3, 3, 3},
       /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/4,
       /*decode_short_prefetch=*/0, /*decode_far=*/true, /*decode_unroll=*/2, /*decode_ahead=*/512,
-      /*decode_mixed_rows=*/4, /*prefetch_groups=*/2};
+      /*decode_mixed_rows=*/4, /*prefetch_groups=*/2, /*linear_task_rows=*/512};
 };
 
 #if defined(HINA_AVX512_NOBF16)
