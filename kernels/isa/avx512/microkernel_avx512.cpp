@@ -205,8 +205,8 @@ struct Avx512 {
 // Tasks of 768 rows (512), so that 6 divides a task's rows (gate/up's interleaved, Qwen3's down
 // projection's 96 a class) and no task ends in 1 x 1 tiles: Qwen3-30B-A3B T = 4 / 16 / 64 0.98 / 0.94 /
 // 0.94x the time (a second run: T = 16 / 64 0.96 / 0.94x), DeepSeek-V3 T = 1 0.99x and T = 16 0.96 and
-// 1.01x (two runs), Mixtral-8x7B T = 32 0.99x, T = 1 / 4 / 256 and
-// Qwen3 T = 1 1.00x (same method, 3-5 rounds; 384 rows: 0.96-1.03x). The linear op keeps 512
+// 1.01x (two runs), Mixtral-8x7B T = 32 0.99x, T = 1 / 4 / 256 and Qwen3 T = 1 1.00x (same method,
+// 3-5 rounds; 384 rows: 0.96-1.03x). The linear op keeps 512
 // (linear_task_rows): its rows are powers of two, and at 768 it took 1.01-1.06x the time (T = 1, q/k/v
 // and o shapes of Qwen3-30B-A3B and Mixtral-8x7B; T = 128 1.05x).
 struct Avx512Zen5 : Avx512 {
