@@ -366,7 +366,8 @@ def test_avx512_blockings_agree_bit_for_bit(isa):
     """The AVX-512 kernel's two blockings (kernels.avx512_blocking: default, and zen5: decode tiles with
     rows far apart, two chunks of a row at a time, the tile's own rows prefetched; blocked tiles of 6 rows
     x 4 tokens, token blocks of 128, the next W piece prefetched) give the same bits, one to four tokens
-    per expert and more (5: the blocked tiles; 37, 150: one block against several), on rows that share
+    per expert and more (5, 6: the blocked tiles by default, zen5's decode tiles; 37, 150: one block
+    against several), on rows that share
     their cuts (K = 4096; K = 2048, one token's short rows, gate and up rows in pairs) and rows that do
     not (K = 2560, 768 and 736: classes of rows whose sizes leave rows over after the segments), on the
     same tensors (the cuts follow the weights' addresses), and match the reference."""
@@ -374,7 +375,7 @@ def test_avx512_blockings_agree_bit_for_bit(isa):
     setting = kernels._module(isa).avx512_blocking()[0]
     try:
         for H, I in ((4096, 256), (2048, 768), (2560, 736)):
-            for T in (1, 2, 3, 4, 5, 37) + ((150,) if isa == "avx512" else ()):
+            for T in (1, 2, 3, 4, 5, 6, 37) + ((150,) if isa == "avx512" else ()):
                 d = materialize(FFNProblem.custom(H, I, T, 2, routed_experts=2, seed=T), rotate=False)
                 out = {}
                 for blocking in ("default", "zen5"):

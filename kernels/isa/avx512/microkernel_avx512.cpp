@@ -209,13 +209,18 @@ struct Avx512 {
 // 3-5 rounds; 384 rows: 0.96-1.03x). The linear op keeps 512
 // (linear_task_rows): its rows are powers of two, and at 768 it took 1.01-1.06x the time (T = 1, q/k/v
 // and o shapes of Qwen3-30B-A3B and Mixtral-8x7B; T = 128 1.05x).
+// Decode tiles up to 6 tokens an expert (4 rows x 5 or 6 tokens, rows far apart, their own rows
+// prefetched ahead: each W row streamed once), where 5 and 6 took the blocked tiles (a 6 x 4 tile and
+// one-token tiles, the W slice from L1 a second time): Mixtral-8x7B T = 5 / 6 0.78 / 0.78-0.84x the
+// time, Qwen3-30B-A3B 0.68 / 0.85x, DeepSeek-V3 T = 6 0.86x (same method, 3 rounds). Up to 8 (3 or 2
+// rows at 7 and 8 tokens) was no better at 7 (0.97-1.09x) and worse at 8 (1.07-1.25x).
 struct Avx512Zen5 : Avx512 {
   static constexpr bool kAltBlocking = false;
   static constexpr Blocking kBlocking{
-      /*task_rows=*/768, /*decode_max_m=*/4, /*decode_rows=*/{0, 4, 8, 4, 4},
+      /*task_rows=*/768, /*decode_max_m=*/6, /*decode_rows=*/{0, 4, 8, 4, 4, 4, 4},
       /*mr=*/6, /*nr=*/4, /*k_group=*/0, /*k_sub=*/0,
       /*mb_max=*/128, /*mb_min=*/128, /*mb_l2_bytes=*/0,
-      /*token_blocks_outer=*/true, /*prefetch_next=*/2, /*decode_prefetch=*/{0, 0, 3, 3, 3},
+      /*token_blocks_outer=*/true, /*prefetch_next=*/2, /*decode_prefetch=*/{0, 0, 3, 3, 3, 3, 3},
       /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/4,
       /*decode_short_prefetch=*/0, /*decode_far=*/true, /*decode_unroll=*/2, /*decode_ahead=*/512,
       /*decode_mixed_rows=*/4, /*prefetch_groups=*/2, /*linear_task_rows=*/512};
