@@ -203,6 +203,21 @@ void f8_pack_act(const float* act, int M, int K, int, void* out) {
 }
 
 // ================================ the shared loop: rows x token tiles ============================
+// A tile's R scale rows as its tiles take them: FP8's block scales b0 .. b1 - 1 x 2^8, copied into
+// scaled (row q at scaled + q * nblk; R * nblk <= R * 1024 floats: K <= 131072), INT8's as they are.
+template <class Kn, int R>
+inline void tile_scales(const float* const* sw, const float** use, float* scaled, int nblk, int b0, int b1) {
+  for (int q = 0; q < R; ++q) {
+    if constexpr (Kn::dtype == Dtype::fp8) {
+      float* dst = scaled + q * nblk;
+      for (int b = b0; b < b1; ++b) dst[b] = sw[q][b] * kF8ScaleUp;
+      use[q] = dst;
+    } else {
+      use[q] = sw[q];
+    }
+  }
+}
+
 // The blocked path (M > kTokTile; decode tasks take decode_rows below): rows w[0..n) (scales sw[j] =
 // Kn::scale_row of row j) x all M tokens into c [n][M], K in blocks of kb (the tokens' slice of a block
 // stays in L1/L2 while every row tile passes over it; each W byte is read once). R rows per tile (a
@@ -211,7 +226,7 @@ template <class Kn, int R>
 void rows_tokens(const int8_t* const* rows, const float* const* srows, int n, const void* I, int M, int K,
                  int group, int kb, float* c) {
   const int nblk = (K + 127) / 128;
-  float scaled[R * 1024];  // fp8: this tile's block scales x 2^8 (K <= 131072)
+  float scaled[R * 1024];  // fp8: this tile's block scales x 2^8 (tile_scales)
   for (int64_t i = 0; i < int64_t(n) * M; ++i) c[i] = 0.f;
   for (int kb0 = 0; kb0 < K; kb0 += kb) {
     const int kb1 = kb0 + kb < K ? kb0 + kb : K;
@@ -220,16 +235,8 @@ void rows_tokens(const int8_t* const* rows, const float* const* srows, int n, co
       constexpr int RR = decltype(rr)::value;
       const int8_t* w[RR];
       const float* sw[RR];
-      for (int q = 0; q < RR; ++q) {
-        w[q] = rows[r + q];
-        if constexpr (Kn::dtype == Dtype::fp8) {
-          float* dst = scaled + q * nblk;
-          for (int b = kb0 / 128; b < (kb1 + 127) / 128; ++b) dst[b] = srows[r + q][b] * kF8ScaleUp;
-          sw[q] = dst;
-        } else {
-          sw[q] = srows[r + q];
-        }
-      }
+      for (int q = 0; q < RR; ++q) w[q] = rows[r + q];
+      tile_scales<Kn, RR>(srows + r, sw, scaled, nblk, kb0 / 128, (kb1 + 127) / 128);
       float* cr = c + int64_t(r) * M;
       int t = 0;
       for (; t + kTokTile <= M; t += kTokTile)
@@ -306,25 +313,14 @@ thread_local ThreadScratch<int> tl_pos{nullptr, 0};    // a task's spread positi
 // and 27 (16 with one thread) with the tiles called from here -- T = 1 0.98x, T = 2 / 4 0.99-1.01x, the
 // same bits. Per thread then ~3.6 us in gate/up tasks, ~7.4 in down, ~3.3 each in the token pack and the
 // scatter, ~6 in the region's start and barriers.
-template <class Kn, int R>
-inline void decode_scales(const float* const (&sw)[R], const float* (&use)[R], float* scaled, int K) {
-  if constexpr (Kn::dtype == Dtype::fp8) {   // the block scales x 2^8, as rows_tokens passes them
-    const int nblk = (K + 127) / 128;
-    for (int q = 0; q < R; ++q) {
-      for (int b = 0; b < nblk; ++b) scaled[q * nblk + b] = sw[q][b] * kF8ScaleUp;
-      use[q] = scaled + q * nblk;
-    }
-  } else {
-    for (int q = 0; q < R; ++q) use[q] = sw[q];
-  }
-}
 // Positions p0 .. p0 + N - 1 in tiles of R, the last N % R one at a time; row(p, w, sw) names position
 // p's W row and scale row, out(p, c) takes its TT sums. Tile i takes positions i R .. i R + R - 1, or
 // with `spread` (QBlocking::spread; N a multiple of R) G positions from each of R / G equal segments:
 // i G .. i G + G - 1 of each (G = 2: a gate row and its up row stay together).
 template <class Kn, int R, int TT, int PF, class Row, class Out>
 void decode_rows(int p0, int N, int G, bool spread, const void* I, int K, int group, Row row, Out out) {
-  float scaled[Kn::dtype == Dtype::fp8 ? R * 1024 : 1];
+  float scaled[Kn::dtype == Dtype::fp8 ? R * 1024 : 1];   // tile_scales'
+  const int nblk = (K + 127) / 128;
   const int tiles = N / R;
   auto pos = [&](int q, int i) { return p0 + (spread ? (i + (q / G) * tiles) * G + q % G : i * R + q); };
   for (int i = 0; i < tiles; ++i) {
@@ -332,7 +328,7 @@ void decode_rows(int p0, int N, int G, bool spread, const void* I, int K, int gr
     const float* sw[R];
     const float* use[R];
     for (int q = 0; q < R; ++q) row(pos(q, i), w[q], sw[q]);
-    decode_scales<Kn, R>(sw, use, scaled, K);
+    tile_scales<Kn, R>(sw, use, scaled, nblk, 0, nblk);
     float c[R * TT] = {};
     if (PF != 0 && i + 1 < tiles) {
       const int8_t* pf[R];
