@@ -106,3 +106,14 @@ def test_a_group_with_differing_k_or_no_matrix_is_a_clear_error():
         kernels.linear_group(x, [torch.ones(32, 128, dtype=torch.bfloat16), torch.ones(32, 64, dtype=torch.bfloat16)])
     with pytest.raises(ValueError, match="at least one"):
         kernels.linear_group(x, [])
+
+
+@pytest.mark.parametrize("T", [1, 5])
+def test_threads_do_not_change_the_result(T):
+    """1, 2 and 3 threads cut a different last round of tasks into quarters (moe_ffn.cpp's split_tail):
+    the same rows, the same bits."""
+    d = data(2048, 1024, T)
+    for isa in [p for p in PATHS if "emulated" not in p]:
+        one = kernels.linear(d.x, d.w[0], isa=isa, threads=1)
+        for threads in (2, 3):
+            assert torch.equal(one, kernels.linear(d.x, d.w[0], isa=isa, threads=threads)), (isa, threads)

@@ -97,7 +97,7 @@ Grouping group_by_expert(const MoeCall& a) {
 }
 
 // ---- the tasks of phases 3 and 4: (expert slot, output block), all experts together ------------
-struct Task { int32_t slot; int32_t n0; };
+struct Task { int32_t slot; int32_t n0; int32_t n; };
 
 // Rows per output-block task: the kernel's preference, shrunk until every thread has >= 4 tasks.
 int block_rows(int preferred, int64_t rows_per_expert, int64_t experts, int threads) {
@@ -107,11 +107,27 @@ int block_rows(int preferred, int64_t rows_per_expert, int64_t experts, int thre
   return std::max(nb - nb % kShapeMultiple, kShapeMultiple);
 }
 
-std::vector<Task> schedule_blocks(int64_t slots, int64_t rows, int nb) {
+// The last `threads` tasks of a list (the final round, where a thread that is done waits for the
+// others at the phase's end) cut into tasks of a quarter of nb (a multiple of 32, so of every tile's
+// rows: 4, 6 and the interleaved pairs), so a thread that runs slower than the other, or drew the
+// longer last task, keeps it waiting for less. The same rows, so the same sums: a row's dot product
+// never depends on its task.
+std::vector<Task> split_tail(std::vector<Task> tasks, int nb, int threads) {
+  const int sub = (nb / 4) / kShapeMultiple * kShapeMultiple;
+  if (sub < kShapeMultiple || tasks.size() < 2) return tasks;
+  const size_t first = tasks.size() > size_t(threads) ? tasks.size() - size_t(threads) : 0;
+  std::vector<Task> out(tasks.begin(), tasks.begin() + int64_t(first));
+  for (size_t i = first; i < tasks.size(); ++i)
+    for (int32_t n0 = tasks[i].n0; n0 < tasks[i].n0 + tasks[i].n; n0 += sub)
+      out.push_back({tasks[i].slot, n0, std::min(sub, tasks[i].n0 + tasks[i].n - n0)});
+  return out;
+}
+
+std::vector<Task> schedule_blocks(int64_t slots, int64_t rows, int nb, int threads) {
   std::vector<Task> tasks;
   for (int32_t s = 0; s < slots; ++s)
-    for (int32_t n0 = 0; n0 < rows; n0 += nb) tasks.push_back({s, n0});
-  return tasks;
+    for (int32_t n0 = 0; n0 < rows; n0 += nb) tasks.push_back({s, n0, int32_t(std::min<int64_t>(nb, rows - n0))});
+  return split_tail(std::move(tasks), nb, threads);
 }
 
 // What phases 2-5 share (read-only inside the region).
@@ -144,7 +160,7 @@ void run_tasks(const Phases& p, const std::vector<Task>& tasks, F&& run_one) {
 }
 
 // ---- 3. gate & up projections, transformation 2 ---------------------------------------------------
-void gate_up(const Phases& p, const std::vector<Task>& tasks, int nb) {
+void gate_up(const Phases& p, const std::vector<Task>& tasks) {
   const MoeCall& a = p.a;
   run_tasks(p, tasks, [&](const Task tk, const ExpertSlot& es) {
     GateUpTask t;
@@ -153,7 +169,7 @@ void gate_up(const Phases& p, const std::vector<Task>& tasks, int nb) {
     t.ldw_gate = a.gate_rs;
     t.ldw_up = a.up_rs;
     t.n0 = tk.n0;
-    t.n = int(std::min<int64_t>(nb, a.I - tk.n0));
+    t.n = tk.n;
     t.K = int(a.H);
     t.M = es.M;
     t.I = es.I;
@@ -164,14 +180,14 @@ void gate_up(const Phases& p, const std::vector<Task>& tasks, int nb) {
 }
 
 // ---- 4. down projection, transformation 3 ---------------------------------------------------------
-void down(const Phases& p, const std::vector<Task>& tasks, int nb) {
+void down(const Phases& p, const std::vector<Task>& tasks) {
   const MoeCall& a = p.a;
   run_tasks(p, tasks, [&](const Task tk, const ExpertSlot& es) {
     DownTask t;
     t.w_down = a.w_down + es.e * a.down_es + tk.n0 * a.down_rs;
     t.ldw = a.down_rs;
     t.n0 = tk.n0;
-    t.n = int(std::min<int64_t>(nb, a.H - tk.n0));
+    t.n = tk.n;
     t.K = int(a.I);
     t.M = es.M;
     t.act = es.act;
@@ -255,8 +271,8 @@ void run(const MoeCall& a, const MicroKernel& mk, int threads, const NumaPlans* 
   // ---- the task lists of phases 3 and 4 -----------------------------------------------------------
   const int nb_up = block_rows(task_rows(mk), I, A, threads);
   const int nb_down = block_rows(task_rows(mk), H, A, threads);
-  const std::vector<Task> up_tasks = fused_gu ? schedule_blocks(A, I, nb_up) : std::vector<Task>{};
-  const std::vector<Task> down_tasks = fused_down ? schedule_blocks(A, H, nb_down) : std::vector<Task>{};
+  const std::vector<Task> up_tasks = fused_gu ? schedule_blocks(A, I, nb_up, threads) : std::vector<Task>{};
+  const std::vector<Task> down_tasks = fused_down ? schedule_blocks(A, H, nb_down, threads) : std::vector<Task>{};
 
   FirstError err;
   const Phases p{a, mk, g, slots, y, err};
@@ -264,9 +280,9 @@ void run(const MoeCall& a, const MicroKernel& mk, int threads, const NumaPlans* 
   {
     PieceThread me(pieces, omp_get_thread_num(), omp_get_num_threads());  // Algorithm 2's groups
     gather_pack(p);
-    if (fused_gu) gate_up(p, up_tasks, nb_up);
+    if (fused_gu) gate_up(p, up_tasks);
     else pieces.run_gate_up(me, mk, err);
-    if (fused_down) down(p, down_tasks, nb_down);
+    if (fused_down) down(p, down_tasks);
     else pieces.run_down(me, mk, err);
     scatter(a, g, y);
   }
@@ -301,8 +317,8 @@ void run_quant(const MoeCall& a, const QuantMicroKernel& mk, int threads) {
   float* y = reinterpret_cast<float*>(base + off_y);
   const int nb_up = block_rows(task_rows(mk), I, A, threads);
   const int nb_down = block_rows(task_rows(mk), H, A, threads);
-  const std::vector<Task> up_tasks = schedule_blocks(A, I, nb_up);
-  const std::vector<Task> down_tasks = schedule_blocks(A, H, nb_down);
+  const std::vector<Task> up_tasks = schedule_blocks(A, I, nb_up, threads);
+  const std::vector<Task> down_tasks = schedule_blocks(A, H, nb_down, threads);
   const int8_t* wg = reinterpret_cast<const int8_t*>(a.w_gate);
   const int8_t* wu = reinterpret_cast<const int8_t*>(a.w_up);
   const int8_t* wd = reinterpret_cast<const int8_t*>(a.w_down);
@@ -327,7 +343,7 @@ void run_quant(const MoeCall& a, const QuantMicroKernel& mk, int threads) {
         t.s_gate = a.s_gate + e * a.s_gate_es;  t.lds_gate = a.s_gate_rs;
         t.s_up = a.s_up + e * a.s_up_es;        t.lds_up = a.s_up_rs;
         t.n0 = tk.n0;
-        t.n = int(std::min<int64_t>(nb_up, I - tk.n0));
+        t.n = tk.n;
         t.K = int(H);
         t.M = g.rows(e);
         t.group = grp;
@@ -352,7 +368,7 @@ void run_quant(const MoeCall& a, const QuantMicroKernel& mk, int threads) {
         t.w = wd + e * a.down_es;  t.ldw = a.down_rs;
         t.s = a.s_down + e * a.s_down_es;  t.lds = a.s_down_rs;
         t.n0 = tk.n0;
-        t.n = int(std::min<int64_t>(nb_down, H - tk.n0));
+        t.n = tk.n;
         t.K = int(I);
         t.M = g.rows(e);
         t.group = grp;
@@ -490,7 +506,8 @@ void linear_fused(const LinearCall& c, const std::vector<LinearWeight>& ws, cons
   const int nb = block_rows(task_rows(mk, /*linear=*/true), rows_all, 1, threads);
   std::vector<Task> tasks;
   for (size_t i = 0; i < ws.size(); ++i)
-    for (int32_t n0 = 0; n0 < ws[i].N; n0 += nb) tasks.push_back({int32_t(i), n0});
+    for (int32_t n0 = 0; n0 < ws[i].N; n0 += nb) tasks.push_back({int32_t(i), n0, int32_t(std::min<int64_t>(nb, ws[i].N - n0))});
+  tasks = split_tail(std::move(tasks), nb, threads);
   std::lock_guard<std::mutex> lock(g_scratch_mutex);
   char* base = g_scratch.get(bytes);
   FirstError err;
@@ -506,7 +523,7 @@ void linear_fused(const LinearCall& c, const std::vector<LinearWeight>& ws, cons
         t.w_down = lw.w + tasks[i].n0 * lw.ldw;
         t.ldw = lw.ldw;
         t.n0 = tasks[i].n0;
-        t.n = int(std::min<int64_t>(nb, lw.N - t.n0));
+        t.n = tasks[i].n;
         t.K = int(c.K);
         t.M = int(c.T);
         t.act = base;
