@@ -295,6 +295,13 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
     assert all(0 <= float(x["decode_rel_err"]) < 0.08 for x in by["hina+fused:int8"])
     fused = [x for x in by["hina+fused"] if x["phase"] == "decode"]
     assert len(fused) == 4 and all(x["status"] == "ok" and x["engine_impl"].endswith("layer=hina") for x in fused)
+    import json
+    for x in fused:   # the native layer's parts, each with its ms per step and bytes per layer
+        parts = json.loads(x["layer_parts"])
+        assert set(parts) == {"norms", "qkv", "rope", "attention", "o", "router", "experts", "adds"}
+        assert all(v["ms"] >= 0 for v in parts.values()) and parts["experts"]["bytes"] > 0
+        assert sum(v["bytes"] for v in parts.values()) == int(float(x["layer_bytes"]))
+    assert all(x["layer_parts"] == "" for x in by["hina"] if x["phase"] == "decode")
     assert all(0 < float(x["attn_share"]) < 1 for x in dec)
     assert all(x["status"] == "unavailable" and "hinabench env create vllm" in x["reason"] for x in by["vllm"])
     assert all(x["status"] in ("unsupported", "unavailable") and x["reason"] for x in by["ipex"] + by["kt"])
@@ -754,3 +761,33 @@ def test_a_ratio_that_would_print_as_its_bound_gets_a_third_decimal():
     from hinabench.e2e.figures import _against
     assert _against(1.196, 1.2) == "1.196" and _against(1.2, 1.2) == "1.20" and _against(1.31, 1.2) == "1.31"
     assert _against(1.2504, 1.25) == "1.250" and _against(1.17, 1.25) == "1.17"
+
+
+def test_where_the_roofline_gap_goes_part_by_part():
+    """The fused layer's parts at two depths: each part's per-layer ms from the difference, against its bytes
+    at the rows' best read probe; the timed per-layer cost less the parts' sum is what lies between them."""
+    import json
+    import pandas as pd
+    from hinabench.e2e.figures import gap_parts, tables
+    def parts(L):   # ms per step over L layers, bytes per layer
+        return json.dumps({"qkv": {"ms": 0.3 * L, "bytes": 20_000_000}, "rope": {"ms": 0.02 * L, "bytes": 0},
+                           "experts": {"ms": 1.0 * L + 0.5, "bytes": 80_000_000}})
+    rows = [dict(op="e2e", model="qwen3-30b-a3b", backend="hina+fused", phase="decode", status="ok", layers=L,
+                 batch_size=1, prompt_tokens=128, median_ms=9.0 + 1.5 * L, mad_ms=0.05, full_layers=48,
+                 layer_bytes=100e6, read_gbps=gb, tokens_per_s=50.0, ffn_share=0.6, attn_share=0.2, rel_err=0.01,
+                 layer_parts=parts(L), run_id="r1", timestamp="2026-12-06T01:00:00+0000",
+                 fingerprint="AMD EPYC, 1S/2C/2T, L3 32 MiB")
+            for L, gb in ((2, 100.0), (4, 98.0))]
+    g = gap_parts(pd.DataFrame(rows))
+    assert len(g) == 1 and g[0]["gbps"] == 100.0 and g[0]["per_layer_ms"] == pytest.approx(1.5)
+    by = {x["part"]: x for x in g[0]["parts"]}
+    assert by["experts"]["ms"] == pytest.approx(1.0) and by["experts"]["probe_ms"] == pytest.approx(0.8)
+    assert by["qkv"]["excess_ms"] == pytest.approx(0.1) and by["rope"]["probe_ms"] == 0.0
+    assert g[0]["roofline_ms"] == pytest.approx(1.0)
+    text = tables(pd.DataFrame(rows))
+    assert "Where the per-layer roofline gap goes" in text
+    line = next(x for x in text.splitlines() if x.startswith("| experts |"))
+    assert "| 1.000 | 80.0 | 0.800 | 1.25 | 0.200 | 40% |" in line     # 0.2 of the 0.5 ms gap
+    assert "| (between the parts) | 0.180 |" in text                   # 1.5 - (0.3 + 0.02 + 1.0)
+    rows[0]["layer_parts"] = None                                       # one depth without parts: no table
+    assert gap_parts(pd.DataFrame(rows)) == []

@@ -572,6 +572,7 @@ def tables(df, runs=None) -> str:
             out.append(f"- {m}: {eng} per layer against llamacpp:q8_0 (same bytes class; no target): "
                        + (f"{o / h:.2f}x ({h:.2f} vs {o:.2f} ms)" if h is not None and o is not None else "n/a"))
     out += where_a_step_goes(dec)
+    out += where_the_gap_goes(df)
     t4 = table4_rows(df)
     t4 = t4[t4["status"] == "ok"] if len(t4) else t4
     if len(t4):
@@ -623,4 +624,85 @@ def where_a_step_goes(dec) -> list[str]:
                    f"{step} | {c('kernel_ms')} | {c('ffn_ms')} | {c('attn_ms')} | {c('norm_ms')} | {c('router_ms')} |")
     out += ["", "(the kernels' calls lie inside the blocks, and Qwen3's q/k norms inside attention; the "
             "kernels' column holds the LM head's call too, once per step)"]
+    return out
+
+
+def _part_rows(df, model: str, engine: str, batch: int, prompt: int, n1: int, n2: int):
+    """The decode rows at depths n1 and n2 that carry the fused layer's parts, of one run (the newest with
+    both) where the rows say which run they come from: (row at n1, row at n2) or None."""
+    g = df[(df["phase"] == "decode") & (df["status"] == "ok") & (df["model"] == model) & (df["backend"] == engine)
+           & (df["batch_size"] == batch) & (df["prompt_tokens"] == prompt) & df["layers"].isin([n1, n2])]
+    g = g[g["layer_parts"].notna() & (g["layer_parts"].astype(str) != "")]
+    if "timestamp" in g:
+        g = g.sort_values("timestamp")
+    if "run_id" in g and g["run_id"].notna().any():
+        both = [(grp["timestamp"].max() if "timestamp" in grp else "", run) for run, grp in g.groupby("run_id")
+                if grp["layers"].nunique() == 2]
+        if not both:
+            return None
+        g = g[g["run_id"] == max(both)[1]]
+    a, b = g[g["layers"] == n1], g[g["layers"] == n2]
+    return (a.iloc[-1], b.iloc[-1]) if len(a) and len(b) else None
+
+
+def gap_parts(df) -> list[dict]:
+    """Per (model, engine, batch) with the fused layer's parts at two depths: each part's ms per layer from
+    the two depths ((t(n2) - t(n1)) / (n2 - n1), from the pass with timers), its bytes per layer, its time
+    at the rows' best read probe, and the excess over it; with the timed per-layer cost and its roofline."""
+    import json as _json
+    if "layer_parts" not in df:
+        return []
+    out = []
+    for _, pl in per_layer(df).iterrows():
+        if pl["per_layer_ms"] is None or pl["per_layer_ms"] != pl["per_layer_ms"] or "," not in str(pl["depths"]):
+            continue
+        n1, n2 = (int(x) for x in str(pl["depths"]).split(","))
+        two = _part_rows(df, pl["model"], pl["engine"], int(pl["batch"]), int(pl["prompt"]), n1, n2)
+        if two is None:
+            continue
+        p1, p2 = (_json.loads(r["layer_parts"]) for r in two)
+        probes = [float(r["read_gbps"]) for r in two if "read_gbps" in r and r["read_gbps"] == r["read_gbps"]]
+        if not probes:
+            continue
+        gbps = max(probes)
+        parts = []
+        for k in p2:
+            if k not in p1:
+                continue
+            ms = (p2[k]["ms"] - p1[k]["ms"]) / (n2 - n1)
+            by = p2[k].get("bytes", 0)
+            at = by / (gbps * 1e9) * 1e3 if by else 0.0
+            parts.append(dict(part=k, ms=ms, bytes=by, probe_ms=at, excess_ms=ms - at))
+        out.append(dict(model=pl["model"], engine=pl["engine"], batch=int(pl["batch"]), depths=pl["depths"],
+                        per_layer_ms=float(pl["per_layer_ms"]), gbps=gbps, parts=parts,
+                        roofline_ms=sum(x["probe_ms"] for x in parts)))
+    return out
+
+
+def where_the_gap_goes(df) -> list[str]:
+    """The roofline target's gap named part by part (issue 15: "the note names where it goes"): gap_parts
+    as a table per (model, engine, batch)."""
+    gp = gap_parts(df)
+    if not gp:
+        return []
+    out = ["", "### Where the per-layer roofline gap goes (the fused layer's own timers; per layer, from two depths)"]
+    for g in gp:
+        tot = sum(x["ms"] for x in g["parts"])
+        gap = g["per_layer_ms"] - g["roofline_ms"]
+        out += ["", f"{g['model']} {g['engine']} B={g['batch']} (depths {g['depths']}, bytes at the best read probe "
+                f"of its rows, {g['gbps']:.1f} GB/s):", "",
+                "| part | ms / layer | MB / layer | at the probe, ms | x the probe's time | excess ms | share of the gap |",
+                "|---|---|---|---|---|---|---|"]
+        for x in g["parts"]:
+            ratio = f"{x['ms'] / x['probe_ms']:.2f}" if x["probe_ms"] > 0 else "-"
+            share = f"{100 * x['excess_ms'] / gap:.0f}%" if gap > 0 else "-"
+            out.append(f"| {x['part']} | {x['ms']:.3f} | {x['bytes'] / 1e6:.1f} | {x['probe_ms']:.3f} | {ratio} | "
+                       f"{x['excess_ms']:.3f} | {share} |")
+        rest = g["per_layer_ms"] - tot
+        out.append(f"| (between the parts) | {rest:.3f} | | | | {rest:.3f} | "
+                   + (f"{100 * rest / gap:.0f}% |" if gap > 0 else "- |"))
+        out += ["", f"timed {g['per_layer_ms']:.3f} ms a layer against {g['roofline_ms']:.3f} at the probe "
+                f"({g['per_layer_ms'] / g['roofline_ms']:.2f}x): the parts sum to {tot:.3f} in the pass with timers; "
+                "'between the parts' is the timed cost less that sum (the time outside the parts, and the two "
+                "passes' difference)"]
     return out

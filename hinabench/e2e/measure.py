@@ -386,6 +386,7 @@ class BlockTimes:
     kernels: float = 0.0
     kernel_calls: int = 0
     touched: list[int] = field(default_factory=list)
+    parts: dict = field(default_factory=dict)   # the fused layer's own timers, seconds per part (LAYER_PARTS)
 
 
 def _norms_and_routers(model):
@@ -462,11 +463,18 @@ def block_timers(model):
             _add_layer_profile(bt, mod.decoder_layer_profile(False))
 
 
+# The fused layer's parts (ops/layer.h's LayerProfile), in the order a decode step runs them
+LAYER_PARTS = ("norms", "qkv", "rope", "attention", "o", "router", "experts", "adds")
+
+
 def _add_layer_profile(bt: BlockTimes, p: dict) -> None:
     """The native layer's parts into the blocks' buckets as the hooks define them: attention is q/k/v, the
-    q/k norms, rotary and the KV append, attention itself and o; the kernels are the matrix parts."""
+    q/k norms, rotary and the KV append, attention itself and o; the kernels are the matrix parts. Each
+    part is also kept on its own (bt.parts)."""
     if not p["calls"]:
         return
+    for k in LAYER_PARTS:
+        bt.parts[k] = bt.parts.get(k, 0.0) + p[k]
     bt.ffn += p["experts"]
     bt.attn += p["qkv"] + p["rope"] + p["attention"] + p["o"]
     bt.norm += p["norms"]
@@ -494,7 +502,8 @@ def decode_shares(model, ids: torch.Tensor, steps: int = 16) -> dict:
             "ffn_share": bt.ffn / total, "attn_share": bt.attn / total,
             "norm_ms": bt.norm / steps * 1e3, "router_ms": bt.router / steps * 1e3,
             "kernel_ms": bt.kernels / steps * 1e3 if bt.kernel_calls else None,
-            "experts_touched": sum(bt.touched) / max(len(bt.touched), 1)}
+            "experts_touched": sum(bt.touched) / max(len(bt.touched), 1),
+            "parts_ms": {k: v / steps * 1e3 for k, v in bt.parts.items()} or None}
 
 
 def read_probe(model, threads: int) -> tuple[float, str]:

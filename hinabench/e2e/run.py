@@ -290,6 +290,10 @@ class _InProcess:
                          norm_ms=sh["norm_ms"], router_ms=sh["router_ms"], kernel_ms=sh["kernel_ms"],
                          experts_touched=touched, layer_bytes=lb, step_bytes=p.layers * lb + p.head_bytes(),
                          weight_bytes=p.layers * lb + p.head_bytes(), tpot_ms=r.get("median_ms"))
+                if sh.get("parts_ms"):   # the fused layer's parts: ms per step (all layers), bytes per layer
+                    pb = p.layer_part_bytes(touched, context, _expert_width(eng))
+                    r["layer_parts"] = json.dumps({k: {"ms": round(v, 4), "bytes": int(pb.get(k, 0))}
+                                                   for k, v in sh["parts_ms"].items()})
                 if self.ttfts[(eng, p)]:
                     r["ttft_ms"] = summarize(self.ttfts[(eng, p)])["median_ms"]
                 if r.get("read_gbps") and r.get("median_ms"):

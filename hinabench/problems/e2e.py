@@ -26,6 +26,7 @@ class E2EProblem(Problem):
         "tokens_per_s", "tpot_ms", "ttft_ms",                 # the decode row carries its prefill's TTFT too
         "ffn_ms", "attn_ms", "ffn_share", "attn_share",       # per decode step, timers around the blocks
         "norm_ms", "router_ms", "kernel_ms",                  # ... the RMSNorms, the routers, the HiNa kernels' calls
+        "layer_parts",                                        # the fused layer's parts: ms per step, bytes per layer (JSON)
         "experts_touched", "layer_bytes", "step_bytes",       # what one decode step must read
         "validation", "logit_rel_err_hf", "greedy_match",
         "decode_rel_err",                                     # the prompt's last tokens as decode steps, vs the reference
@@ -66,17 +67,20 @@ class E2EProblem(Problem):
         """Bytes one decode step reads in one layer: the experts it touches (expert_width bytes a weight:
         bf16, or an INT8 engine's int8 and scales), the router, the attention projections, and the KV
         cache of `context` tokens for each of the batch's sequences."""
+        return int(sum(self.layer_part_bytes(experts_touched, context, expert_width).values()))
+
+    def layer_part_bytes(self, experts_touched: float, context: int, expert_width: float = 2.0) -> dict:
+        """layer_bytes by the part of the layer that reads them, as the fused layer's timers name the parts:
+        qkv and o (the projections), attention (the KV cache), router, experts (a shared expert's too)."""
         m, b = self.model, 2
-        experts = experts_touched * m.expert_bytes(expert_width)
         shared = 0
         if m.shared_experts:
             from ..e2e.checkpoint import hf_config
             shared = 3 * m.hidden_size * hf_config(m, 1).get("shared_expert_intermediate_size", 0) * b
         qkv, o = m.projections()["qkv"], m.projections()["o"]
-        proj = (qkv[0] * qkv[1] + o[0] * o[1]) * b
-        router = m.routed_experts * m.hidden_size * b
-        kv = 2 * m.kv_heads * m.head_dim * context * b * self.batch
-        return int(experts + shared + proj + router + kv)
+        return {"qkv": qkv[0] * qkv[1] * b, "attention": 2 * m.kv_heads * m.head_dim * context * b * self.batch,
+                "o": o[0] * o[1] * b, "router": m.routed_experts * m.hidden_size * b,
+                "experts": int(experts_touched * m.expert_bytes(expert_width)) + shared}
 
     def head_bytes(self) -> int:
         """The LM head read once per decode step (the embedding reads one row per token)."""
