@@ -787,7 +787,8 @@ def test_where_the_roofline_gap_goes_part_by_part():
     text = tables(pd.DataFrame(rows))
     assert "Where the per-layer roofline gap goes" in text
     line = next(x for x in text.splitlines() if x.startswith("| experts |"))
-    assert "| 1.000 | 80.0 | 0.800 | 1.25 | 0.200 | 40% |" in line     # 0.2 of the 0.5 ms gap
-    assert "| (between the parts) | 0.180 |" in text                   # 1.5 - (0.3 + 0.02 + 1.0)
+    assert "| 1.000 | 80.0 | 0.800 | 1.25 | 0.200 | 62% |" in line     # 0.2 of the parts' 0.32 ms gap
+    assert "| all parts | 1.320 | 100.0 | 1.000 | 1.32 | 0.320 | 100% |" in text
+    assert "the timed passes: 1.500 ms a layer (1.50x" in text and "(+0.180 ms)" in text
     rows[0]["layer_parts"] = None                                       # one depth without parts: no table
     assert gap_parts(pd.DataFrame(rows)) == []
