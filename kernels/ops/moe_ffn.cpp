@@ -108,10 +108,10 @@ int block_rows(int preferred, int64_t rows_per_expert, int64_t experts, int thre
 }
 
 // The last `threads` tasks of a list (the final round, where a thread that is done waits for the
-// others at the phase's end) cut into tasks of a quarter of nb (a multiple of 32, so of every tile's
-// rows: 4, 6 and the interleaved pairs), so a thread that runs slower than the other, or drew the
-// longer last task, keeps it waiting for less. The same rows, so the same sums: a row's dot product
-// never depends on its task.
+// others at the phase's end) cut into tasks of a quarter of nb, rounded down to a multiple of 32 (a
+// Zen 5 FFN task's 768 rows: 192, which the 6-row tiles divide too), so a thread that runs slower than
+// the other, or drew the longer last task, keeps it waiting for less. The same rows, so the same sums:
+// a row's dot product never depends on its task.
 std::vector<Task> split_tail(std::vector<Task> tasks, int nb, int threads) {
   const int sub = (nb / 4) / kShapeMultiple * kShapeMultiple;
   if (sub < kShapeMultiple || tasks.size() < 2) return tasks;
