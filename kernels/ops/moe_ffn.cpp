@@ -123,11 +123,16 @@ std::vector<Task> split_tail(std::vector<Task> tasks, int nb, int threads) {
   return out;
 }
 
-std::vector<Task> schedule_blocks(int64_t slots, int64_t rows, int nb, int threads) {
+// Tasks of nb rows over slot s's rows[s] (an expert's, or a linear matrix's), slot by slot, the last
+// round split (split_tail).
+std::vector<Task> schedule_blocks(const std::vector<int64_t>& rows, int nb, int threads) {
   std::vector<Task> tasks;
-  for (int32_t s = 0; s < slots; ++s)
-    for (int32_t n0 = 0; n0 < rows; n0 += nb) tasks.push_back({s, n0, int32_t(std::min<int64_t>(nb, rows - n0))});
+  for (int32_t s = 0; s < int32_t(rows.size()); ++s)
+    for (int32_t n0 = 0; n0 < rows[s]; n0 += nb) tasks.push_back({s, n0, int32_t(std::min<int64_t>(nb, rows[s] - n0))});
   return split_tail(std::move(tasks), nb, threads);
+}
+std::vector<Task> schedule_blocks(int64_t slots, int64_t rows, int nb, int threads) {
+  return schedule_blocks(std::vector<int64_t>(size_t(slots), rows), nb, threads);
 }
 
 // What phases 2-5 share (read-only inside the region).
@@ -504,10 +509,9 @@ void linear_fused(const LinearCall& c, const std::vector<LinearWeight>& ws, cons
     rows_all += lw.N;
   }
   const int nb = block_rows(task_rows(mk, /*linear=*/true), rows_all, 1, threads);
-  std::vector<Task> tasks;
-  for (size_t i = 0; i < ws.size(); ++i)
-    for (int32_t n0 = 0; n0 < ws[i].N; n0 += nb) tasks.push_back({int32_t(i), n0, int32_t(std::min<int64_t>(nb, ws[i].N - n0))});
-  tasks = split_tail(std::move(tasks), nb, threads);
+  std::vector<int64_t> rows_of;
+  for (const LinearWeight& lw : ws) rows_of.push_back(lw.N);
+  const std::vector<Task> tasks = schedule_blocks(rows_of, nb, threads);
   std::lock_guard<std::mutex> lock(g_scratch_mutex);
   char* base = g_scratch.get(bytes);
   FirstError err;
