@@ -11,6 +11,7 @@ table4 prefill throughput (tokens/s) by prompt length, batch 1
 """
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -69,6 +70,17 @@ def _load(results, frame):
     return df
 
 
+def _one_run(g):
+    """g's rows of the newest run that timed two depths or more (two depths of one run, not the newest
+    row of each depth), where the rows say which run they come from; else g."""
+    if "run_id" in g and g["run_id"].notna().any():
+        two = [(grp["timestamp"].max() if "timestamp" in grp else "", run) for run, grp in g.groupby("run_id")
+               if grp["layers"].nunique() >= 2]
+        if two:
+            return g[g["run_id"] == max(two)[1]]
+    return g
+
+
 def per_layer(df, phase: str = "decode"):
     """Rows of (model, engine, batch, prompt, per_layer_ms, mad_ms, depths, t_ms at the shallowest depth,
     full_layers): the per-layer cost from the two shallowest depths with ok rows, both of one run (the
@@ -77,12 +89,7 @@ def per_layer(df, phase: str = "decode"):
     ok = df[(df["status"] == "ok") & (df["phase"] == phase)]
     out = []
     for (model, eng, b, p), g in ok.groupby(["model", "backend", "batch_size", "prompt_tokens"]):
-        g = g.sort_values(["layers", "timestamp"] if "timestamp" in g else "layers")   # per depth, the newest last
-        if "run_id" in g and g["run_id"].notna().any():   # two depths of one run, not the newest row of each depth
-            two = [(grp["timestamp"].max() if "timestamp" in grp else "", run) for run, grp in g.groupby("run_id")
-                   if grp["layers"].nunique() >= 2]
-            if two:
-                g = g[g["run_id"] == max(two)[1]]
+        g = _one_run(g.sort_values(["layers", "timestamp"] if "timestamp" in g else "layers"))   # per depth, the newest last
         depths = list(dict.fromkeys(g["layers"]))
         if len(depths) < 2:
             r = g.iloc[0]
@@ -628,19 +635,15 @@ def where_a_step_goes(dec) -> list[str]:
 
 
 def _part_rows(df, model: str, engine: str, batch: int, prompt: int, n1: int, n2: int):
-    """The decode rows at depths n1 and n2 that carry the fused layer's parts, of one run (the newest with
-    both) where the rows say which run they come from: (row at n1, row at n2) or None."""
+    """The decode rows at depths n1 and n2 that carry the fused layer's parts, of one run (_one_run):
+    (row at n1, row at n2) or None."""
     g = df[(df["phase"] == "decode") & (df["status"] == "ok") & (df["model"] == model) & (df["backend"] == engine)
            & (df["batch_size"] == batch) & (df["prompt_tokens"] == prompt) & df["layers"].isin([n1, n2])]
-    g = g[g["layer_parts"].notna() & (g["layer_parts"].astype(str) != "")]
+    g = _one_run(g[g["layer_parts"].notna() & (g["layer_parts"].astype(str) != "")])
+    if "run_id" in g and g["run_id"].notna().any() and g["run_id"].nunique() != 1:
+        return None   # no run has both depths: no pair of depths from two runs
     if "timestamp" in g:
         g = g.sort_values("timestamp")
-    if "run_id" in g and g["run_id"].notna().any():
-        both = [(grp["timestamp"].max() if "timestamp" in grp else "", run) for run, grp in g.groupby("run_id")
-                if grp["layers"].nunique() == 2]
-        if not both:
-            return None
-        g = g[g["run_id"] == max(both)[1]]
     a, b = g[g["layers"] == n1], g[g["layers"] == n2]
     return (a.iloc[-1], b.iloc[-1]) if len(a) and len(b) else None
 
@@ -649,7 +652,6 @@ def gap_parts(df) -> list[dict]:
     """Per (model, engine, batch) with the fused layer's parts at two depths: each part's ms per layer from
     the two depths ((t(n2) - t(n1)) / (n2 - n1), from the pass with timers), its bytes per layer, its time
     at the rows' best read probe, and the excess over it; with the timed per-layer cost and its roofline."""
-    import json as _json
     if "layer_parts" not in df:
         return []
     out = []
@@ -660,7 +662,7 @@ def gap_parts(df) -> list[dict]:
         two = _part_rows(df, pl["model"], pl["engine"], int(pl["batch"]), int(pl["prompt"]), n1, n2)
         if two is None:
             continue
-        p1, p2 = (_json.loads(r["layer_parts"]) for r in two)
+        p1, p2 = (json.loads(r["layer_parts"]) for r in two)
         probes = [float(r["read_gbps"]) for r in two if "read_gbps" in r and r["read_gbps"] == r["read_gbps"]]
         if not probes:
             continue
