@@ -18,6 +18,7 @@ timers (forward hooks) around every experts module and every attention module.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import time
 from contextlib import contextmanager
@@ -116,6 +117,11 @@ class Reference:
     router_margin: float | None = None   # the prompt's closest router decision (k-th minus (k+1)-th logit)
     # the reference's prompt log-probs with one near-tie decision taken the other way: [(words, [Pv - 1])]
     alternates: list = field(default_factory=list)
+
+    @functools.cached_property
+    def logprobs(self) -> torch.Tensor:
+        """The reference's own prompt log-probs [Pv - 1] (what every engine's are judged against), once."""
+        return prompt_logprobs_of(self.ids, self.logits)
 
     def why_wrong(self, reason: str) -> str:
         """A mismatch's reason, with the reference's router near-tie when it has one."""
@@ -333,11 +339,11 @@ def logprob_match(got, ref: Reference, tolerance: float | None = None) -> tuple[
     alternates (a near-tie router decision taken the other way: the words for it). `got` is [Pv, V]
     logits or the [Pv - 1] log-probs themselves."""
     got = (got if got.dim() == 1 else prompt_logprobs(ref, got)).float()
-    best = (logprob_err(got, ref), None)
+    best = (_max_delta(got, ref.logprobs), None)
     if tolerance is not None and best[0] <= tolerance:
         return best
     for words, lp in ref.alternates:
-        err = float((got - lp).abs().max())
+        err = _max_delta(got, lp)
         if err < best[0]:
             best = (err, words)
     return best
@@ -346,8 +352,12 @@ def logprob_match(got, ref: Reference, tolerance: float | None = None) -> tuple[
 def logprob_err(got, ref: Reference) -> float:
     """max |delta log-prob| (nats) over the prompt tokens against the reference as made (its alternates:
     logprob_match); `got` is [Pv, V] logits or the [Pv - 1] log-probs themselves."""
-    got = got if got.dim() == 1 else prompt_logprobs(ref, got)
-    return float((got.float() - prompt_logprobs(ref, ref.logits)).abs().max())
+    return _max_delta(got if got.dim() == 1 else prompt_logprobs(ref, got), ref.logprobs)
+
+
+def _max_delta(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| over the prompt tokens (nats), in float32."""
+    return float((a.float() - b.float()).abs().max())
 
 
 # ---- timing ------------------------------------------------------------------------------------------
