@@ -97,7 +97,7 @@ def _module(isa: str):
     return mod
 
 
-AVX512_BLOCKING = ("auto", "default", "zen5")
+AVX512_BLOCKING = ("auto", "default", "zen5", "xeon")
 
 
 def avx512_blocking(choice: str | None = None, *, isa: str = "avx512") -> str:
@@ -106,10 +106,12 @@ def avx512_blocking(choice: str | None = None, *, isa: str = "avx512") -> str:
     far apart, two chunks of a row at a time, the tile's own rows prefetched; from 5 tokens, blocks of
     128 tokens and the next W piece prefetched; the INT8/FP8 kernels' decode tiles without prefetch at
     one token (INT8: and two), tasks of 512 rows; the attention kernel's prefetch into L1, the next
-    step's rows in reading order: measured faster on Zen 5) or "default" (measured on Zen 4 and the
-    Xeons). The same bits either way. `choice` "auto" (the start, unless
-    HINA_AVX512_BLOCKING names one) takes zen5 on AMD family >= 26, default elsewhere. Returns the
-    blocking in effect."""
+    step's rows in reading order: measured faster on Zen 5), "xeon" (the BF16 FFN kernel's zen5 tiles
+    with the one-token tiles prefetching their own rows, measured faster on a Xeon with AMX, whose
+    hina:amx runs these tiles up to 4 tokens an expert; the INT8/FP8 and attention kernels' default
+    blocking) or "default" (measured on Zen 4). The same bits whichever. `choice` "auto" (the start,
+    unless HINA_AVX512_BLOCKING names one) takes zen5 on AMD family >= 26, xeon on Intel, default
+    elsewhere. Returns the blocking in effect."""
     if choice is not None and choice not in AVX512_BLOCKING:
         raise ValueError(f"avx512 blocking must be one of {', '.join(AVX512_BLOCKING)} (got '{choice}')")
     _setting, in_effect = _module(isa).avx512_blocking(choice)

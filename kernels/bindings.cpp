@@ -144,11 +144,11 @@ void register_moe(py::module_& m) {
       "avx512_blocking",
       [](const std::optional<std::string>& choice) {
         if (choice) set_avx512_blocking(*choice);
-        return py::make_tuple(std::string(avx512_blocking()), avx512_blocking_zen5() ? "zen5" : "default");
+        return py::make_tuple(std::string(avx512_blocking()), std::string(avx512_tiles_name()));
       },
       py::arg("choice") = py::none(),
-      "The AVX-512 BF16 kernel's blocking: auto (Zen 5's on AMD family >= 26), default or zen5 "
-      "(the same bits); sets it when given. Returns (the setting, the blocking in effect).");
+      "The AVX-512 kernels' blocking: auto (Zen 5's on AMD family >= 26, xeon on Intel), default, zen5 "
+      "or xeon (the same bits); sets it when given. Returns (the setting, the blocking in effect).");
   m.def("moe_scratch_bytes", &moe_last_scratch_bytes,
         "Scratch bytes (packed I, activations, y rows) the last moe_ffn call used.");
   m.def(

@@ -18,6 +18,7 @@ struct CpuFeatures {
   bool os_avx512 = false;     // XCR0 enables opmask/ZMM state
   bool os_amx = false;        // the kernel granted XTILEDATA to this process (ARCH_REQ_XCOMP_PERM)
   bool amd = false;           // vendor "AuthenticAMD"
+  bool intel = false;         // vendor "GenuineIntel"
   int family = 0;             // cpuid's display family (base + extended): AMD Zen 3/4 25, Zen 5 26
   std::string amx_permission; // what the OS answered, in words
 };

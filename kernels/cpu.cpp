@@ -21,7 +21,10 @@ uint64_t xgetbv0() {
 CpuFeatures detect() {
   CpuFeatures f;
   unsigned a, b, c, d;
-  if (__get_cpuid(0, &a, &b, &c, &d)) f.amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;
+  if (__get_cpuid(0, &a, &b, &c, &d)) {
+    f.amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;    // "Auth" "enti" "cAMD"
+    f.intel = b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e;  // "Genu" "ineI" "ntel"
+  }
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   f.family = int((a >> 8) & 0xf) + (((a >> 8) & 0xf) == 0xf ? int((a >> 20) & 0xff) : 0);
   const bool osxsave = (c >> 27) & 1;

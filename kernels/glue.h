@@ -533,7 +533,7 @@ void piece_dots(const PieceTask& t) {
 template <class Kn>
 int task_rows_now(bool linear) {
   if constexpr (HasAltBlocking<Kn>::value) {
-    if (Kn::alt_blocking()) return blocking_task_rows(Kn::AltBlocking::kBlocking, linear);
+    if (Kn::alt_blocking()) return task_rows_now<typename Kn::AltBlocking>(linear);
   }
   return blocking_task_rows(Kn::kBlocking, linear);
 }

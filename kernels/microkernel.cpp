@@ -65,11 +65,11 @@ const QuantMicroKernel& find_quant_microkernel(const std::string& isa, Dtype dty
 
 // ---- the AVX-512 BF16 kernel's blocking (microkernel.h) ---------------------------------------------
 namespace {
-constexpr const char* kBlockingChoices[] = {"auto", "default", "zen5"};
+constexpr const char* kBlockingChoices[] = {"auto", "default", "zen5", "xeon"};
 int blocking_choice_of(const std::string& name) {
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < 4; ++i)
     if (name == kBlockingChoices[i]) return i;
-  throw std::invalid_argument("avx512 blocking must be auto, default or zen5 (got '" + name + "')");
+  throw std::invalid_argument("avx512 blocking must be auto, default, zen5 or xeon (got '" + name + "')");
 }
 std::atomic<int>& blocking_choice() {
   static std::atomic<int> c{[] {
@@ -86,16 +86,20 @@ std::atomic<int>& blocking_choice() {
 }  // namespace
 
 const char* avx512_blocking() { return kBlockingChoices[blocking_choice().load(std::memory_order_relaxed)]; }
-bool avx512_blocking_zen5() {
+Avx512Tiles avx512_tiles() {
   const int c = blocking_choice().load(std::memory_order_relaxed);
-  if (c != 0) return c == 2;
+  if (c != 0) return Avx512Tiles(c - 1);
 #if defined(HINA_EMU_MODULE_NAME)
-  return false;  // an emulated module: no CPU of its own (cpu.cpp is _C's)
+  return Avx512Tiles::kDefault;  // an emulated module: no CPU of its own (cpu.cpp is _C's)
 #else
-  static const bool zen5 = cpu_features().amd && cpu_features().family >= 26;
-  return zen5;
+  static const Avx512Tiles tiles = cpu_features().amd && cpu_features().family >= 26 ? Avx512Tiles::kZen5
+                                   : cpu_features().intel                             ? Avx512Tiles::kXeon
+                                                                                      : Avx512Tiles::kDefault;
+  return tiles;
 #endif
 }
+const char* avx512_tiles_name() { return kBlockingChoices[int(avx512_tiles()) + 1]; }
+bool avx512_blocking_zen5() { return avx512_tiles() == Avx512Tiles::kZen5; }
 void set_avx512_blocking(const std::string& choice) { blocking_choice().store(blocking_choice_of(choice)); }
 
 }  // namespace hina

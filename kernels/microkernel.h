@@ -182,18 +182,23 @@ const MicroKernel& find_microkernel(const std::string& isa, Dtype dtype);
 
 // A kernel struct (glue.h's BF16 ones, quant_glue.h's) whose blocking is chosen per call: where
 // Kn::kAltBlocking, the traits Kn::AltBlocking (their own kBlocking and task rows) replace Kn's when
-// Kn::alt_blocking() says so on this CPU (the AVX-512 kernels' Zen 5 blockings, avx512_blocking_zen5()
-// below). A flag, not the type's presence: Avx512Zen5 inherits Avx512's AltBlocking and must not take it.
+// Kn::alt_blocking() says so on this CPU (the AVX-512 kernels' Zen 5 blockings, avx512_tiles() below).
+// A flag, not the type's presence: a kernel's AltBlocking inherits its AltBlocking and must say whether it
+// takes it (Avx512Zen5 has its own, Avx512Xeon; Avx512Xeon none).
 template <class Kn, class = void> struct HasAltBlocking { static constexpr bool value = false; };
 template <class Kn>
 struct HasAltBlocking<Kn, decltype(void(Kn::kAltBlocking))> { static constexpr bool value = Kn::kAltBlocking; };
 
-// The AVX-512 BF16 kernel's blocking (isa/avx512/microkernel_avx512.cpp): "auto" (Zen 5's on AMD
-// family >= 26, else the default), "default" or "zen5"; the same bits whichever. Starts from the
-// environment's HINA_AVX512_BLOCKING (else "auto"); set_avx512_blocking throws std::invalid_argument
-// on any other name.
-const char* avx512_blocking();
+// The AVX-512 kernels' blocking (isa/avx512/microkernel_avx512.cpp): "auto" (Zen 5's on AMD family >= 26,
+// the Xeon one on Intel, else the default), "default", "zen5" or "xeon"; the same bits whichever. "xeon"
+// is the BF16 FFN kernel's Zen 5 tiles with its one-token tiles prefetching their own rows (Avx512Xeon);
+// the INT8/FP8 and attention kernels keep their default blocking under it. Starts from the environment's
+// HINA_AVX512_BLOCKING (else "auto"); set_avx512_blocking throws std::invalid_argument on any other name.
+enum class Avx512Tiles { kDefault, kZen5, kXeon };
+const char* avx512_blocking();       // the setting: auto, default, zen5 or xeon
 void set_avx512_blocking(const std::string& choice);
-bool avx512_blocking_zen5();   // the choice in effect: Zen 5's tiles (read by the kernel, per call)
+Avx512Tiles avx512_tiles();          // the blocking in effect (read by the kernels, per call)
+const char* avx512_tiles_name();     // ... as its name: default, zen5 or xeon
+bool avx512_blocking_zen5();         // avx512_tiles() == kZen5: the INT8/FP8 and attention kernels' switch
 
 }  // namespace hina

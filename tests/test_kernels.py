@@ -367,9 +367,10 @@ def test_avx512_builds_with_and_without_bf16_agree():
 
 @pytest.mark.parametrize("isa", ["avx512", "avx512-emulated"])
 def test_avx512_blockings_agree_bit_for_bit(isa):
-    """The AVX-512 kernel's two blockings (kernels.avx512_blocking: default, and zen5: decode tiles with
+    """The AVX-512 kernel's three blockings (kernels.avx512_blocking: default; zen5: decode tiles with
     rows far apart, two chunks of a row at a time, the tile's own rows prefetched; blocked tiles of 6 rows
-    x 4 tokens, token blocks of 128, the next W piece prefetched) give the same bits, one to four tokens
+    x 4 tokens, token blocks of 128, the next W piece prefetched; xeon: zen5's with the one-token tiles'
+    prefetch) give the same bits, one to four tokens
     per expert and more (5, 6: the blocked tiles by default, zen5's decode tiles; 37, 150: one block
     against several), on rows that share
     their cuts (K = 4096; K = 2048, one token's short rows, gate and up rows in pairs) and rows that do
@@ -382,14 +383,15 @@ def test_avx512_blockings_agree_bit_for_bit(isa):
             for T in (1, 2, 3, 4, 5, 6, 37) + ((150,) if isa == "avx512" else ()):
                 d = materialize(FFNProblem.custom(H, I, T, 2, routed_experts=2, seed=T), rotate=False)
                 out = {}
-                for blocking in ("default", "zen5"):
+                for blocking in ("default", "zen5", "xeon"):
                     assert kernels.avx512_blocking(blocking, isa=isa) == blocking
                     out[blocking] = run(d, isa)
                 assert torch.equal(out["default"], out["zen5"]), f"H={H} I={I} T={T}"
+                assert torch.equal(out["default"], out["xeon"]), f"xeon H={H} I={I} T={T}"
                 check(out["zen5"], d.reference(), f"{isa} zen5 H={H} I={I} T={T}")
     finally:
         kernels.avx512_blocking(setting, isa=isa)
-    with pytest.raises(ValueError, match="auto, default, zen5"):
+    with pytest.raises(ValueError, match="auto, default, zen5, xeon"):
         kernels.avx512_blocking("zen4", isa=isa)
 
 
@@ -398,13 +400,14 @@ def test_avx512_blocking_from_the_environment():
     default there); a name it does not know is a clear error, not a silent default."""
     need("avx512-emulated")
     code = "from hinabench import kernels; print(kernels.avx512_blocking(isa='avx512-emulated'))"
-    for env, want in (("zen5", "zen5"), ("default", "default"), ("auto", "default"), ("", "default")):
+    for env, want in (("zen5", "zen5"), ("xeon", "xeon"), ("default", "default"), ("auto", "default"),
+                      ("", "default")):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                            env={**os.environ, "HINA_AVX512_BLOCKING": env}, cwd=tempfile.gettempdir())
         assert r.returncode == 0 and r.stdout.strip() == want, (env, r.stdout, r.stderr)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "HINA_AVX512_BLOCKING": "zen4"}, cwd=tempfile.gettempdir())
-    assert r.returncode != 0 and "HINA_AVX512_BLOCKING must be one of auto, default, zen5" in r.stderr
+    assert r.returncode != 0 and "HINA_AVX512_BLOCKING must be one of auto, default, zen5, xeon" in r.stderr
 
 
 # ---- an ISA the CPU lacks: a clear error, never SIGILL (in a subprocess, to be safe) ------------------

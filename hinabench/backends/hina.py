@@ -98,8 +98,8 @@ class _Hina(Backend):
 
     def versions(self) -> dict[str, str]:
         v = {**super().versions(), "hina_isa": kernels.isa_variant(self.isa), "hina_numa": self.numa}
-        if v["hina_isa"] == "avx512":   # its blocking: zen5 or default (kernels.avx512_blocking)
-            v["hina_avx512_blocking"] = kernels.avx512_blocking()
+        if v["hina_isa"] in ("avx512", "amx"):   # the AVX-512 tiles' blocking (amx: up to 4 tokens an
+            v["hina_avx512_blocking"] = kernels.avx512_blocking()   # expert; kernels.avx512_blocking)
         return v
 
 

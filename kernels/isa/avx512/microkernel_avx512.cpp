@@ -103,10 +103,11 @@ struct Avx512 {
   static X load_x(const bf16_t* p) { return load_bh(p); }
   static void prefetch(const bf16_t* p) { __builtin_prefetch(p, 0, 3); }      // into L1 (prefetcht0)
   static void prefetch_l2(const bf16_t* p) { __builtin_prefetch(p, 0, 2); }   // into L2 (prefetcht1)
-  // On AMD Zen 5 (family 26) and later: Avx512Zen5's blocking (below).
+  // On AMD Zen 5 (family 26) and later: Avx512Zen5's blocking (below); on Intel, Avx512Xeon's (its own
+  // alternative).
   static constexpr bool kAltBlocking = true;
   using AltBlocking = Avx512Zen5;
-  static bool alt_blocking() { return avx512_blocking_zen5(); }  // microkernel.cpp
+  static bool alt_blocking() { return avx512_tiles() != Avx512Tiles::kDefault; }  // microkernel.cpp
   static W load_w(const bf16_t* p) { return load_bh(p); }
   static Acc fma(Acc acc, const W& w, const X& x) { return dpbf16(acc, w, x); }
   // Horizontal sums: attention_vec512.h's halving tree, 16 at once at a tile's end (the same bits).
@@ -214,8 +215,11 @@ struct Avx512 {
 // one-token tiles, the W slice from L1 a second time): Mixtral-8x7B T = 5 / 6 0.78 / 0.78-0.84x the
 // time, Qwen3-30B-A3B 0.68 / 0.85x, DeepSeek-V3 T = 6 0.86x (same method, 3 rounds). Up to 8 (3 or 2
 // rows at 7 and 8 tokens) was no better at 7 (0.97-1.09x) and worse at 8 (1.07-1.25x).
+struct Avx512Xeon;
 struct Avx512Zen5 : Avx512 {
-  static constexpr bool kAltBlocking = false;
+  static constexpr bool kAltBlocking = true;  // on Intel, Avx512Xeon's (below)
+  using AltBlocking = Avx512Xeon;
+  static bool alt_blocking() { return avx512_tiles() == Avx512Tiles::kXeon; }
   static constexpr Blocking kBlocking{
       /*task_rows=*/768, /*decode_max_m=*/6, /*decode_rows=*/{0, 4, 8, 4, 4, 4, 4},
       /*mr=*/6, /*nr=*/4, /*k_group=*/0, /*k_sub=*/0,
@@ -224,6 +228,34 @@ struct Avx512Zen5 : Avx512 {
       /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/4,
       /*decode_short_prefetch=*/0, /*decode_far=*/true, /*decode_unroll=*/2, /*decode_ahead=*/512,
       /*decode_mixed_rows=*/4, /*prefetch_groups=*/2, /*linear_task_rows=*/512};
+};
+
+// The blocking on Intel (Avx512Zen5::alt_blocking: auto on a GenuineIntel CPU, or
+// HINA_AVX512_BLOCKING=xeon): Zen 5's, but the one-token tiles (and the short rows') prefetch their own
+// rows 512 elements ahead into L1, as Zen 5's do from two tokens (decode_prefetch 3; Zen 5 measured no
+// prefetch 2% faster there). The same bits. Measured on a 2-vCPU Xeon with AMX (family 6, model 207,
+// L3 300 MiB; 2026-12-06; the blockings alternated in one process on the same tensors, every token on
+// the same experts, weights rotated past the L3, 5 rounds, new / default time; hina:amx runs these tiles
+// up to 4 tokens an expert, hina:avx512 at every M; the machine's read rate moved between 16 and 30 GB/s
+// over the runs, so ratios only):
+//   - Zen 5's blocking as it is: T = 1 1.07 / 1.07x (Mixtral-8x7B, amx / avx512), 1.08 / 1.11x
+//     (Qwen3-30B-A3B), 1.15 / 1.14x (DeepSeek-V3); T = 2..4 0.90-1.00x (Qwen3 T = 4 0.93 / 0.91x);
+//     from 5 tokens (avx512) Mixtral T = 5 / 6 / 16 / 64 0.67 / 0.63 / 0.88 / 0.95x, Qwen3 0.62 / 0.65
+//     / 0.92 / 0.90x;
+//   - with the one-token prefetch (scratch builds of Zen 5's): T = 1 0.97 / 0.98x, 0.91 / 0.99x, 0.98 /
+//     0.95x, and 0.98 / 0.99x, 0.92 / 0.95x, 0.96 / 0.97x with 1024 elements ahead (as 512);
+//   - this blocking as built, against the default: T = 1 / 2 / 4 Mixtral 0.98 / 0.92 / 0.96x (amx),
+//     0.95 / 0.99 / 0.96x (avx512), Qwen3 1.00 / 0.96 / 1.08x, 1.02 / 0.90 / 0.98x, DeepSeek-V3 1.00 /
+//     0.99 / 0.98x, 0.995 / 0.96 / 0.95x (one run, the read rate 16-30 GB/s); again, 7 rounds, amx, Qwen3
+//     T = 1 / 2 / 3 / 4 0.94 / 0.96 / 0.98 / 0.95x, Mixtral T = 1 / 4 0.97 / 1.00x.
+struct Avx512Xeon : Avx512Zen5 {
+  static constexpr bool kAltBlocking = false;
+  static constexpr Blocking kBlocking = [] {
+    Blocking b = Avx512Zen5::kBlocking;
+    b.decode_prefetch[1] = 3;
+    b.decode_short_prefetch = 3;
+    return b;
+  }();
 };
 
 #if defined(HINA_AVX512_NOBF16)
