@@ -335,9 +335,22 @@ AttnSchedule attn_last_schedule() { return g_last; }
 void set_attn_fused_step(bool on) { g_fused_step = on; }
 bool attn_fused_step() { return g_fused_step; }
 
+// Decode on AMX with query groups of at most 4 rows (Mixtral-8x7B's G = 4) runs the AVX-512 kernel, as
+// the FFN does for few tokens an expert (moe_ffn.cpp, kAmxFfnFewMaxM). On a 2-vCPU Xeon with AMX (family
+// 6 model 207, 2026-12-06; results/intel-f6m207-2t-1n/attn-amx.csv, both kernels in one run, interleaved
+// rounds), Mixtral l = 1024 / 4096 / 16384, batch 1 and 4, contiguous and paged: the AVX-512 kernel took
+// 0.72-0.95x the AMX kernel's time (0.72-0.81x at l >= 4096); with Qwen3-30B-A3B's G = 8 the AMX kernel
+// stays ahead (the AVX-512 kernel 1.06-1.40x its time). Extend (several query tokens a sequence) keeps the
+// tiles. The emulated AMX build ("amx-emulated") runs the tiles for every G.
+constexpr int kAmxAttnFewRows = 4;
+
 void attention(const AttnCall& c) {
   check(c);
-  const AttnMicroKernel& mk = find_attn_microkernel(c.isa);
+  bool decode = true;   // one query token per sequence
+  for (int b = 0; b < c.B; ++b) decode = decode && c.q_start[b + 1] - c.q_start[b] == 1;
+  const AttnMicroKernel& mk = c.isa == "amx" && decode && c.h_q / c.h_kv <= kAmxAttnFewRows
+                                  ? find_attn_microkernel("avx512")
+                                  : find_attn_microkernel(c.isa);
   const AttnBlocking* now = mk.blocking_now ? mk.blocking_now() : nullptr;
   const AttnBlocking& bl = now ? *now : mk.blocking;
   AttnMicroKernel kernel = mk;   // the call's copy: without its fused step when that is switched off
