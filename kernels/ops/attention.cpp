@@ -346,11 +346,13 @@ constexpr int kAmxAttnFewRows = 4;
 
 void attention(const AttnCall& c) {
   check(c);
-  bool decode = true;   // one query token per sequence
-  for (int b = 0; b < c.B; ++b) decode = decode && c.q_start[b + 1] - c.q_start[b] == 1;
-  const AttnMicroKernel& mk = c.isa == "amx" && decode && c.h_q / c.h_kv <= kAmxAttnFewRows
+  int max_tokens = 1;                           // query tokens of the longest sequence (decode: 1)
+  for (int b = 0; b < c.B; ++b) max_tokens = std::max(max_tokens, c.q_start[b + 1] - c.q_start[b]);
+  // The named ISA is looked up (and refused where the CPU lacks it) first, as the FFN's bf16_microkernel.
+  const AttnMicroKernel& named = find_attn_microkernel(c.isa);
+  const AttnMicroKernel& mk = c.isa == "amx" && max_tokens == 1 && c.h_q / c.h_kv <= kAmxAttnFewRows
                                   ? find_attn_microkernel("avx512")
-                                  : find_attn_microkernel(c.isa);
+                                  : named;
   const AttnBlocking* now = mk.blocking_now ? mk.blocking_now() : nullptr;
   const AttnBlocking& bl = now ? *now : mk.blocking;
   AttnMicroKernel kernel = mk;   // the call's copy: without its fused step when that is switched off
@@ -365,8 +367,6 @@ void attention(const AttnCall& c) {
   // SGLang's and vLLM's [num_blocks, block_size, h_kv, d]): the staging copy then reads whole records.
   const bool token_major = (c.k_tok != d && c.k_head == d) || (c.v_tok != d && c.v_head == d);
   const int nh = token_major ? c.h_kv : 1;
-  int max_tokens = 1;                           // query tokens of the longest sequence (decode: 1)
-  for (int b = 0; b < c.B; ++b) max_tokens = std::max(max_tokens, c.q_start[b + 1] - c.q_start[b]);
   const int max_rows = std::min(tok_per_block, max_tokens) * G;   // query rows of one head in a task
   const int max_slot = nh * max_rows;           // rows of a task's partial slot (every head)
   struct Base { int b, h, t0, nt, keys; };

@@ -503,14 +503,14 @@ void linear_fused(const LinearCall& c, const std::vector<LinearWeight>& ws, cons
   std::vector<size_t> off_y;
   size_t bytes = bytes_I;
   int64_t rows_all = 0;
+  std::vector<int64_t> rows_of;   // each matrix's output rows
   for (const LinearWeight& lw : ws) {
     off_y.push_back(bytes);
     bytes += align64(size_t(c.T) * lw.N * sizeof(float));
+    rows_of.push_back(lw.N);
     rows_all += lw.N;
   }
   const int nb = block_rows(task_rows(mk, /*linear=*/true), rows_all, 1, threads);
-  std::vector<int64_t> rows_of;
-  for (const LinearWeight& lw : ws) rows_of.push_back(lw.N);
   const std::vector<Task> tasks = schedule_blocks(rows_of, nb, threads);
   std::lock_guard<std::mutex> lock(g_scratch_mutex);
   char* base = g_scratch.get(bytes);
