@@ -130,13 +130,17 @@ def test_other_paths_virtual_nodes_bit_identical(isa, nodes, T, page, offset):
     check_case(isa, 2048, 768, 3, T, 2, nodes, page, offset)
 
 
-@pytest.mark.parametrize("isa", ["amx-emulated", "amx"])
-@pytest.mark.parametrize("T", [1, 20, 40])  # one B tile; two; two token steps (the tiles reloaded)
+# T = 1: one B tile; 20: two; 40: two token steps per expert (~20 tokens each in 3 of the 4 experts);
+# 100 (~50 per expert) and 120 on 3 experts (~80): several steps per W block, K chunks outer
+# (algorithm1_steps); 300 on 3 experts (~200 per expert): the per-step loops above kStepsMaxM
+@pytest.mark.parametrize("isa,T", [(i, t) for i in ("amx-emulated", "amx") for t in (1, 20, 40, 100)]
+                         + [("amx", 120), ("amx", 300)])
 def test_amx_fused_rows_of_differing_cuts_bit_identical(isa, T):
     """AMX's fused tasks take rows whose piece cuts differ (MicroKernel::mixed_cuts: one pass over K,
     the accumulators stored, flushed and reloaded at every row's cut), so numa="off" no longer sends
     Qwen3's W_down (K = 768) or a 7168-wide W_gate (rows with up to four cuts) down the piece path.
-    The partitioned kernel still takes the piece path: the two must agree bit for bit."""
+    The partitioned kernel still takes the piece path: the two must agree bit for bit, with one token
+    step per W block or several (the K-chunked order with its accumulators spilled per chunk)."""
     need(isa)
     for i, (H, I, E, k) in enumerate(SHAPES):
         check_case(isa, H, I, E, T, k, 2, "4k", (0, 32, 8)[i])

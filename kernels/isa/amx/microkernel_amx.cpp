@@ -13,7 +13,8 @@
 // AVX-512-BF16 micro-kernel instead (ops/moe_ffn.cpp, bf16_microkernel: measured there), as the INT8
 // and FP8 paths do for few tokens (quant_amx.cpp); the emulated build runs the tiles for every M.
 // When the expert has M <= 32 tokens, W has no reuse: it is loaded with TILELOADDT1 (non-temporal
-// hint, Section 4.2.2), else with TILELOADD.
+// hint, Section 4.2.2), else with TILELOADD. With 32 < M <= 128 the K loop is cut into chunks and
+// every 32-token step runs a chunk before the next one starts (algorithm1_steps, measured there).
 // Line 4 of Algorithm 1 (the layout transformation fused into the store):
 //   gate/up: SiLU(gate) * up, then rows 2kp and 2kp+1 of C interleaved per token = the VNNI B
 //            layout of the down projection (transformation 2);
@@ -61,6 +62,7 @@
 // their tiles: from L3 T = 1 / 16 0.95-1.02x / 0.92-1.00x, from DRAM T = 1 / 4 0.97-1.03x / 0.87-0.96x.
 #include "isa/amx/tiles.h"
 
+
 #include "glue.h"
 #if !defined(HINA_EMU_AMX)
 #include "isa/avx512/attention_vec512.h"   // vec512::exp2_ps, bf16_16 (tiles.h brought <immintrin.h>)
@@ -77,8 +79,11 @@ constexpr int kMr = 32;       // tokens per micro-kernel step (two B tiles)
 // ---- the packed (VNNI) layout of I and of the activation ---------------------------------------
 // [token group g = m / 16][K block kb = k / 32][pair kp][token m % 16][2]: each (g, kb) is one
 // 1 KiB B-tile image (stride 64 bytes), so the micro-kernel's B loads are contiguous.
+// With more than one 32-token step, an even number of groups: every step of algorithm1_steps loads
+// two whole B tiles; the tokens past M are zeros in I, and their columns of C are never stored.
 size_t packed_bytes(int M, int K) {
-  const size_t groups = (size_t(M) + kTokTile - 1) / kTokTile;
+  size_t groups = (size_t(M) + kTokTile - 1) / kTokTile;
+  if (M > kMr) groups += groups & 1;
   return groups * (size_t(K) / kKr) * 1024;
 }
 
@@ -119,7 +124,8 @@ void configure(Shape s) {
   _tile_loadconfig(&cfg);
 }
 
-// The K loop of Algorithm 1, blocks [kb0, kb1), into the accumulators tmm4..tmm7 as they are.
+// The K loop of Algorithm 1, blocks [kb0, kb1), into the accumulators tmm4..tmm7 as they are; w is
+// the block's rows at K block kb0.
 template <bool kStreamW>
 inline void k_steps(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int kb0, int kb1, Shape s) {
   const long wstride = long(ldw * sizeof(bf16_t));
@@ -130,7 +136,7 @@ inline void k_steps(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int 
     if (s.mt1) _tile_loadd(1, B1 + size_t(kb) * 1024, 64);
     // line 2: (tmm2 ~ tmm3) <- W(n : n+32, k : k+32), general layout    tileloaddt1 / tileloadd
     // (Algorithm 2, line 5: W(x : x + 32*T_x, y : y+32) is the same load with stride T_x rows)
-    const bf16_t* wk = w + size_t(kb) * kKr;
+    const bf16_t* wk = w + size_t(kb - kb0) * kKr;
     if (kStreamW) {
       _tile_stream_loadd(2, wk, wstride);
       if (s.a1) _tile_stream_loadd(3, wk + 16 * ldw, wstride);
@@ -177,7 +183,7 @@ template <bool kStreamW>
 void algorithm1(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int kb0, int kb1, Shape s,
                 float* C) {
   zero_c(s);
-  k_steps<kStreamW>(w, ldw, B, KB, kb0, kb1, s);
+  k_steps<kStreamW>(w + size_t(kb0) * kKr, ldw, B, KB, kb0, kb1, s);
   store_c(s, C);
 }
 
@@ -210,7 +216,7 @@ void algorithm1_pieces(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, S
   for (int kb = 0; kb < KB;) {
     int stop = KB;
     for (int r = 0; r < rows; ++r) stop = imin(stop, next[r]);
-    k_steps<kStreamW>(w, ldw, B, KB, kb, stop, s);
+    k_steps<kStreamW>(w + size_t(kb) * kKr, ldw, B, KB, kb, stop, s);
     store_c(s, P);
     for (int r = 0; r < rows; ++r) {
       if (next[r] != stop) continue;
@@ -243,6 +249,76 @@ struct TileShapeCache {
 inline const uint8_t* token_group(const void* packed, int m0, int KB) {
   return static_cast<const uint8_t*>(packed) + size_t(m0 / kTokTile) * KB * 1024;
 }
+
+// ---- several token steps per W block (32 < M <= 128): K chunks outer, steps inner ----------------
+// Algorithm 1's loops run each 32-token step over the block's whole K: the first step's tiles stream
+// W from DRAM, the others reload it from L2, 16 rows a row stride apart per tile, a whole K later.
+// Here the K loop is cut into chunks of kStepsKB blocks (32 rows x 512 bytes of W), and every step
+// runs a chunk before the next chunk starts, so the later steps find the chunk's W lines just
+// loaded; each step's accumulators are loaded from and stored to its own C block around the chunk
+// (tile loads and stores are exact). The sums are the canonical pieces' (pieces.h): the same K-block
+// order, folded into Acc at each row's cuts as algorithm1_pieces does, so both give the same bits.
+// Measured (2026-12-06, the AMX Xeon model 207, 2 threads, same experts for every token, weights
+// rotated past the L3, 3 alternated rounds in one process, time against the per-step loops):
+// Mixtral-8x7B M = 48 / 64 / 96 / 128 0.95 / 0.85-0.89 / 0.86 / 0.87-0.91x, DeepSeek-V3 M = 48 / 96
+// 0.85 / 0.80x, Qwen3-30B-A3B M = 64 / 128 0.92-0.95 / 0.98x; from M = 160 0.98-1.04x and at M = 256
+// 1.08-1.21x (each chunk's store and reload of the accumulators drains the tile pipeline, more steps
+// more drains), so above kStepsMaxM the per-step loops stay. Chunks of 4 / 16 / 64 blocks: within
+// 0.03x of 8 at M = 64..128, 64 (whole pieces) 1.02-1.13x. Tried and not kept: each chunk copied to
+// a contiguous L1 buffer (the next chunk prefetched into L2) and the tiles loaded from there: 1.07-1.20x
+// (the copy's loads wait on DRAM and do not overlap the tiles; with W already in L1, i.e. the copy
+// skipped, Mixtral M = 256 takes 0.77x: the token tiles from L2 and the accumulator spills remain).
+constexpr int kStepsKB = 8;      // K blocks per chunk
+constexpr int kStepsMaxM = 128;  // tokens: at most 4 steps, one pass over the block
+
+// Acc[st] (32 x 32 fp32 each) = W[32 rows at w, K] . (tokens of step st)^T for `steps` 32-token
+// steps, B at the first step's token group; the full-step tile shape s is configured by the caller.
+// P: steps x 32 x 32 fp32 of work space.
+void algorithm1_steps(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int steps, Shape s,
+                      float* Acc, float* P) {
+  constexpr int kC = kNr * kMr;
+  for (int i = 0; i < steps * kC; ++i) { Acc[i] = 0.f; P[i] = 0.f; }
+  const int K = KB * kKr, rows = s.a0 + s.a1;
+  const size_t step_bytes = size_t(2) * KB * 1024;  // two token groups
+  int next[kNr];  // each row's next cut, in K blocks
+  for (int r = 0; r < rows; ++r) next[r] = piece_end(0, piece_phase(w + r * ldw), K) / kKr;
+  for (int kb = 0; kb < KB;) {
+    int stop = KB;
+    for (int r = 0; r < rows; ++r) stop = imin(stop, next[r]);
+    for (int c0 = kb; c0 < stop; c0 += kStepsKB) {
+      const int c1 = imin(c0 + kStepsKB, stop);
+      for (int st = 0; st < steps; ++st) {
+        float* Ps = P + st * kC;
+        load_c(s, Ps);
+        k_steps<false>(w + size_t(c0) * kKr, ldw, B + st * step_bytes, KB, c0, c1, s);
+        store_c(s, Ps);
+      }
+    }
+    for (int r = 0; r < rows; ++r) {  // fold the rows cut at stop
+      if (next[r] != stop) continue;
+      for (int st = 0; st < steps; ++st) {
+        float* a = Acc + st * kC + r * kMr;
+        float* p = P + st * kC + r * kMr;
+        for (int m = 0; m < kMr; ++m) { a[m] += p[m]; p[m] = 0.f; }
+      }
+      next[r] = imin(stop + kPieceElems / kKr, KB);
+    }
+    kb = stop;
+  }
+}
+
+// Each 32-row block with all M tokens' steps (M <= kStepsMaxM): f(r0, steps, s).
+template <class F>
+inline void for_each_block_steps(int nrows, int M, F&& f) {
+  TileShapeCache tiles;
+  for (int r0 = 0; r0 < nrows; r0 += kNr) {
+    const Shape s = shape_of(kMr, imin(kNr, nrows - r0));
+    tiles.use(s);
+    f(r0, (M + kMr - 1) / kMr, s);
+  }
+  _tile_release();
+}
+constexpr int kStepsMax = kStepsMaxM / kMr;
 
 // Transformation 2's store, element k of token m: bf16 into its half of the VNNI pair
 // (k / 2, token m) of the B tiles the down projection loads.
@@ -327,6 +403,19 @@ inline void for_each_block(int nrows, int M, F&& f) {
 // C rows 2kp and 2kp+1 of a token become the bf16 pair at row kp of its B tile (transformation 2).
 void gate_up(const GateUpTask& t) {
   const int KB = t.K / kKr;
+  if (t.M > kMr && t.M <= kStepsMaxM) {
+    alignas(64) float G[kStepsMax * kNr * kMr], U[kStepsMax * kNr * kMr], P[kStepsMax * kNr * kMr];
+    for_each_block_steps(t.n, t.M, [&](int r0, int steps, Shape s) {
+      algorithm1_steps(t.w_gate + r0 * t.ldw_gate, t.ldw_gate, token_group(t.I, 0, KB), KB, steps, s, G, P);
+      algorithm1_steps(t.w_up + r0 * t.ldw_up, t.ldw_up, token_group(t.I, 0, KB), KB, steps, s, U, P);
+      for (int st = 0; st < steps; ++st) {  // line 4: the second layout transformation
+        const int m = st * kMr;
+        store_act_tiles(t.act, t.act_K, t.n0 + r0, kNr, m, imin(kMr, t.M - m), G + st * kNr * kMr,
+                        U + st * kNr * kMr, kMr);
+      }
+    });
+    return;
+  }
   with_w_hint(t.M, [&](auto hint) {
     constexpr bool kStream = decltype(hint)::stream;
     alignas(64) float G[kNr * kMr], U[kNr * kMr];
@@ -343,6 +432,17 @@ void gate_up(const GateUpTask& t) {
 // Down projection; the transpose fused into the store: y[m][n0 + r] = C[r][m] (transformation 3).
 void down(const DownTask& t) {
   const int KB = t.K / kKr;
+  if (t.M > kMr && t.M <= kStepsMaxM) {
+    alignas(64) float C[kStepsMax * kNr * kMr], P[kStepsMax * kNr * kMr];
+    for_each_block_steps(t.n, t.M, [&](int r0, int steps, Shape s) {
+      algorithm1_steps(t.w_down + r0 * t.ldw, t.ldw, token_group(t.act, 0, KB), KB, steps, s, C, P);
+      for (int st = 0; st < steps; ++st) {  // line 4: the third layout transformation
+        const int m = st * kMr;
+        store_y(t.y + m * t.ldy, t.ldy, t.n0 + r0, kNr, imin(kMr, t.M - m), C + st * kNr * kMr, kMr);
+      }
+    });
+    return;
+  }
   with_w_hint(t.M, [&](auto hint) {
     alignas(64) float C[kNr * kMr];
     for_each_block(t.n, t.M, [&](int r0, int, int m0, int mt, Shape s) {
