@@ -42,7 +42,8 @@
 // carried across chunks), and a transient contiguous copy of the W block when M spans several token
 // groups.
 //
-// Rows of differing piece cuts (Qwen3's W_down, K = 768) in the fused tasks (algorithm1_pieces, 2026-12-01):
+// Rows of differing piece cuts (Qwen3's W_down, K = 768) in the fused tasks (2026-12-01; then
+// algorithm1_pieces, now algorithm1_steps):
 // before, such a matrix took the piece path, 32-row tiles 8 rows apart, through a partial buffer and
 // a scalar reduction. Qwen3 shapes, all 8 experts, median of 400 calls, A/B alternated twice: from
 // L3, T = 16 3.65-3.80 -> 2.76-2.99 ms, T = 1 within noise; from DRAM T = 4 4.35-4.73 -> 3.93-4.14.
@@ -62,7 +63,6 @@
 // their tiles: from L3 T = 1 / 16 0.95-1.02x / 0.92-1.00x, from DRAM T = 1 / 4 0.97-1.03x / 0.87-0.96x.
 #include "isa/amx/tiles.h"
 
-
 #include "glue.h"
 #if !defined(HINA_EMU_AMX)
 #include "isa/avx512/attention_vec512.h"   // vec512::exp2_ps, bf16_16 (tiles.h brought <immintrin.h>)
@@ -75,6 +75,7 @@ constexpr int kKr = 32;       // bf16 along K per tile row (64 bytes)
 constexpr int kTokTile = 16;  // tokens per B tile (16 pairs of K x 16 tokens x 2 bf16)
 constexpr int kNr = 32;       // W rows per micro-kernel step (two A tiles)
 constexpr int kMr = 32;       // tokens per micro-kernel step (two B tiles)
+constexpr int kC = kNr * kMr; // one C block (fp32)
 
 // ---- the packed (VNNI) layout of I and of the activation ---------------------------------------
 // [token group g = m / 16][K block kb = k / 32][pair kp][token m % 16][2]: each (g, kb) is one
@@ -187,49 +188,6 @@ void algorithm1(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int kb0,
   store_c(s, C);
 }
 
-// The fused plain kernel's K loop: every canonical piece of the block's rows at w, each from fresh
-// tiles, added in ascending y into the zeroed accumulator Acc (32 x 32 fp32).
-// Rows that share their cuts (row stride a multiple of 2048 elements): one piece after the other.
-// Rows whose cuts differ (any other row stride, e.g. Qwen3's W_down, 768 elements): one pass over
-// K for the whole block of contiguous rows. At each cut of any row the accumulators are stored, the
-// rows cut there are added into Acc and zeroed, and the tiles reloaded; tile stores and loads are
-// exact, so each row's pieces are what fresh tiles over that piece give, added in the same order:
-// the canonical sums, bit for bit (the piece path's, which took these rows before, 8 row classes
-// apart, through a partial buffer and a scalar reduction).
-template <bool kStreamW>
-void algorithm1_pieces(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, Shape s, float* Acc) {
-  alignas(64) float P[kNr * kMr];
-  for (int i = 0; i < kNr * kMr; ++i) Acc[i] = 0.f;
-  const int K = KB * kKr;
-  if (ldw % kPieceElems == 0) {
-    const int c0 = piece_phase(w);
-    for (int y = 0; y < K; y = piece_end(y, c0, K)) {
-      algorithm1<kStreamW>(w, ldw, B, KB, y / kKr, piece_end(y, c0, K) / kKr, s, P);
-      for (int i = 0; i < kNr * kMr; ++i) Acc[i] += P[i];
-    }
-    return;
-  }
-  const int rows = s.a0 + s.a1;
-  int next[kNr];  // each row's next cut, in K blocks (KB: none before the end)
-  for (int r = 0; r < rows; ++r) next[r] = piece_end(0, piece_phase(w + r * ldw), K) / kKr;
-  zero_c(s);
-  for (int kb = 0; kb < KB;) {
-    int stop = KB;
-    for (int r = 0; r < rows; ++r) stop = imin(stop, next[r]);
-    k_steps<kStreamW>(w + size_t(kb) * kKr, ldw, B, KB, kb, stop, s);
-    store_c(s, P);
-    for (int r = 0; r < rows; ++r) {
-      if (next[r] != stop) continue;
-      float* a = Acc + r * kMr;
-      float* p = P + r * kMr;
-      for (int m = 0; m < kMr; ++m) { a[m] += p[m]; p[m] = 0.f; }
-      next[r] = imin(stop + kPieceElems / kKr, KB);
-    }
-    kb = stop;
-    if (kb < KB) load_c(s, P);
-  }
-}
-
 // Tokens [m0, m0 + mt) as the B-tile shape: mt0 in tmm0, the rest (if any) in tmm1.
 inline Shape shape_of(int mt, int rows = kNr) {
   return Shape{imin(mt, kTokTile), imax(0, mt - kTokTile), imin(rows, 16), imax(0, rows - 16)};
@@ -250,50 +208,61 @@ inline const uint8_t* token_group(const void* packed, int m0, int KB) {
   return static_cast<const uint8_t*>(packed) + size_t(m0 / kTokTile) * KB * 1024;
 }
 
-// ---- several token steps per W block (32 < M <= 128): K chunks outer, steps inner ----------------
-// Algorithm 1's loops run each 32-token step over the block's whole K: the first step's tiles stream
-// W from DRAM, the others reload it from L2, 16 rows a row stride apart per tile, a whole K later.
-// Here the K loop is cut into chunks of kStepsKB blocks (32 rows x 512 bytes of W), and every step
-// runs a chunk before the next chunk starts, so the later steps find the chunk's W lines just
-// loaded; each step's accumulators are loaded from and stored to its own C block around the chunk
-// (tile loads and stores are exact). The sums are the canonical pieces' (pieces.h): the same K-block
-// order, folded into Acc at each row's cuts as algorithm1_pieces does, so both give the same bits.
+// ---- the fused kernel's K loop: canonical pieces, one or several token steps ---------------------
+// Acc[st] (32 x 32 fp32 each) = W[32 rows at w, K] . (tokens of step st)^T for `steps` 32-token steps
+// (B at the first step's token group, the steps' groups one after the other), in K chunks of `chunk`
+// blocks: every step runs a chunk before the next chunk starts. Each row's canonical pieces (pieces.h)
+// come from fresh accumulators added in ascending order into the zeroed Acc: rows that share their cuts
+// (row stride a multiple of 2048 elements) fold all together at each cut; rows whose cuts differ (any
+// other row stride, e.g. Qwen3's W_down, 768 elements) take one pass over K for the whole block, and at
+// each cut of any row the accumulators are stored, the rows cut there added into Acc and zeroed, and the
+// tiles reloaded. Tile stores and loads are exact, so the sums are the canonical ones bit for bit (the
+// piece path's, which took the second kind of rows before, 8 row classes apart, through a partial buffer
+// and a scalar reduction), for any chunk and number of steps. The shape s is configured by the caller;
+// P is steps x 32 x 32 fp32 of work space.
+//
+// One step (M <= 32, and every 32-token step of M > kStepsMaxM) runs with chunk = KB: the K loop runs
+// between cuts unbroken. With 32 < M <= kStepsMaxM the steps share the chunks (kStepsKB blocks, 32 rows x
+// 512 bytes of W), so the later steps find the chunk's W lines just loaded, where one step after the
+// other over the whole K reloaded W from L2, 16 rows a row stride apart per tile, a whole K later; each
+// step's accumulators are loaded and stored around each chunk.
 // Measured (2026-12-06, the AMX Xeon model 207, 2 threads, same experts for every token, weights
-// rotated past the L3, 3 alternated rounds in one process, time against the per-step loops):
+// rotated past the L3, 3 alternated rounds in one process, time against the steps one after the other):
 // Mixtral-8x7B M = 48 / 64 / 96 / 128 0.95 / 0.85-0.89 / 0.86 / 0.87-0.91x, DeepSeek-V3 M = 48 / 96
 // 0.85 / 0.80x, Qwen3-30B-A3B M = 64 / 128 0.92-0.95 / 0.98x; from M = 160 0.98-1.04x and at M = 256
 // 1.08-1.21x (each chunk's store and reload of the accumulators drains the tile pipeline, more steps
-// more drains), so above kStepsMaxM the per-step loops stay. Chunks of 4 / 16 / 64 blocks: within
-// 0.03x of 8 at M = 64..128, 64 (whole pieces) 1.02-1.13x. Tried and not kept: each chunk copied to
+// more drains), so above kStepsMaxM the steps run one after the other. Chunks of 4 / 16 blocks: within
+// 0.05x of 8 at M = 64..128, 64 (whole pieces) 1.02-1.13x. Tried and not kept: each chunk copied to
 // a contiguous L1 buffer (the next chunk prefetched into L2) and the tiles loaded from there: 1.07-1.20x
 // (the copy's loads wait on DRAM and do not overlap the tiles; with W already in L1, i.e. the copy
 // skipped, Mixtral M = 256 takes 0.77x: the token tiles from L2 and the accumulator spills remain).
 constexpr int kStepsKB = 8;      // K blocks per chunk
 constexpr int kStepsMaxM = 128;  // tokens: at most 4 steps, one pass over the block
 
-// Acc[st] (32 x 32 fp32 each) = W[32 rows at w, K] . (tokens of step st)^T for `steps` 32-token
-// steps, B at the first step's token group; the full-step tile shape s is configured by the caller.
-// P: steps x 32 x 32 fp32 of work space.
-void algorithm1_steps(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int steps, Shape s,
-                      float* Acc, float* P) {
-  constexpr int kC = kNr * kMr;
-  for (int i = 0; i < steps * kC; ++i) { Acc[i] = 0.f; P[i] = 0.f; }
+template <bool kStreamW>
+void algorithm1_steps(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int steps, int chunk,
+                      Shape s, float* Acc, float* P) {
+  for (int i = 0; i < steps * kC; ++i) Acc[i] = 0.f;
   const int K = KB * kKr, rows = s.a0 + s.a1;
   const size_t step_bytes = size_t(2) * KB * 1024;  // two token groups
-  int next[kNr];  // each row's next cut, in K blocks
+  int next[kNr];  // each row's next cut, in K blocks (KB: none before the end)
   for (int r = 0; r < rows; ++r) next[r] = piece_end(0, piece_phase(w + r * ldw), K) / kKr;
+  bool fresh = true;  // every row was folded at the last cut: P holds nothing, the tiles start at 0
   for (int kb = 0; kb < KB;) {
     int stop = KB;
     for (int r = 0; r < rows; ++r) stop = imin(stop, next[r]);
-    for (int c0 = kb; c0 < stop; c0 += kStepsKB) {
-      const int c1 = imin(c0 + kStepsKB, stop);
+    for (int c0 = kb; c0 < stop; c0 += chunk) {
+      const int c1 = imin(c0 + chunk, stop);
       for (int st = 0; st < steps; ++st) {
         float* Ps = P + st * kC;
-        load_c(s, Ps);
-        k_steps<false>(w + size_t(c0) * kKr, ldw, B + st * step_bytes, KB, c0, c1, s);
+        if (fresh) zero_c(s);
+        else load_c(s, Ps);
+        k_steps<kStreamW>(w + size_t(c0) * kKr, ldw, B + st * step_bytes, KB, c0, c1, s);
         store_c(s, Ps);
       }
+      fresh = false;
     }
+    int folded = 0;
     for (int r = 0; r < rows; ++r) {  // fold the rows cut at stop
       if (next[r] != stop) continue;
       for (int st = 0; st < steps; ++st) {
@@ -302,22 +271,13 @@ void algorithm1_steps(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, in
         for (int m = 0; m < kMr; ++m) { a[m] += p[m]; p[m] = 0.f; }
       }
       next[r] = imin(stop + kPieceElems / kKr, KB);
+      ++folded;
     }
+    fresh = folded == rows;
     kb = stop;
   }
 }
 
-// Each 32-row block with all M tokens' steps (M <= kStepsMaxM): f(r0, steps, s).
-template <class F>
-inline void for_each_block_steps(int nrows, int M, F&& f) {
-  TileShapeCache tiles;
-  for (int r0 = 0; r0 < nrows; r0 += kNr) {
-    const Shape s = shape_of(kMr, imin(kNr, nrows - r0));
-    tiles.use(s);
-    f(r0, (M + kMr - 1) / kMr, s);
-  }
-  _tile_release();
-}
 constexpr int kStepsMax = kStepsMaxM / kMr;
 
 // Transformation 2's store, element k of token m: bf16 into its half of the VNNI pair
@@ -381,76 +341,64 @@ inline void with_w_hint(int M, F&& f) {
   else f(Hint<false>{});
 }
 
-// Algorithm 1's outer loops: blocks of 32 W rows (fewer at the end of the NUMA path's row classes)
-// x 32 tokens, the tile configuration set when the block's shape changes; the tiles are released
-// after the last block.
+// Algorithm 1's outer loops for nrows W rows and M tokens: blocks of 32 W rows (fewer at the end of
+// the NUMA path's row classes), each with its 32-token steps; the tile configuration is set when the
+// shape changes and released after the last block; W's load hint is with_w_hint's. With `shared` and
+// 32 < M <= kStepsMaxM a block's steps run together over shared K chunks (algorithm1_steps):
+// f(hint, r0, 0, steps, kStepsKB, s) with the full step shape. Otherwise one step at a time:
+// f(hint, r0, m0, 1, 0, s) with that step's shape (chunk 0: the K loop unbroken between cuts).
 template <class F>
-inline void for_each_block(int nrows, int M, F&& f) {
-  TileShapeCache tiles;
-  for (int r0 = 0; r0 < nrows; r0 += kNr) {
-    const int rows = imin(kNr, nrows - r0);
-    for (int m0 = 0; m0 < M; m0 += kMr) {
-      const int mt = imin(kMr, M - m0);
-      const Shape s = shape_of(mt, rows);
-      tiles.use(s);
-      f(r0, rows, m0, mt, s);
+inline void for_each_block(int nrows, int M, bool shared, F&& f) {
+  const bool together = shared && M > kMr && M <= kStepsMaxM;
+  with_w_hint(M, [&](auto hint) {
+    TileShapeCache tiles;
+    for (int r0 = 0; r0 < nrows; r0 += kNr) {
+      const int rows = imin(kNr, nrows - r0);
+      if (together) {
+        const Shape s = shape_of(kMr, rows);
+        tiles.use(s);
+        f(hint, r0, 0, (M + kMr - 1) / kMr, kStepsKB, s);
+        continue;
+      }
+      for (int m0 = 0; m0 < M; m0 += kMr) {
+        const Shape s = shape_of(imin(kMr, M - m0), rows);
+        tiles.use(s);
+        f(hint, r0, m0, 1, 0, s);
+      }
     }
-  }
-  _tile_release();
+    _tile_release();
+  });
 }
 
 // Gate & up, SiLU(gate)*up fused into the store, written as the down projection's B tiles:
 // C rows 2kp and 2kp+1 of a token become the bf16 pair at row kp of its B tile (transformation 2).
 void gate_up(const GateUpTask& t) {
   const int KB = t.K / kKr;
-  if (t.M > kMr && t.M <= kStepsMaxM) {
-    alignas(64) float G[kStepsMax * kNr * kMr], U[kStepsMax * kNr * kMr], P[kStepsMax * kNr * kMr];
-    for_each_block_steps(t.n, t.M, [&](int r0, int steps, Shape s) {
-      algorithm1_steps(t.w_gate + r0 * t.ldw_gate, t.ldw_gate, token_group(t.I, 0, KB), KB, steps, s, G, P);
-      algorithm1_steps(t.w_up + r0 * t.ldw_up, t.ldw_up, token_group(t.I, 0, KB), KB, steps, s, U, P);
-      for (int st = 0; st < steps; ++st) {  // line 4: the second layout transformation
-        const int m = st * kMr;
-        store_act_tiles(t.act, t.act_K, t.n0 + r0, kNr, m, imin(kMr, t.M - m), G + st * kNr * kMr,
-                        U + st * kNr * kMr, kMr);
-      }
-    });
-    return;
-  }
-  with_w_hint(t.M, [&](auto hint) {
+  alignas(64) float G[kStepsMax * kC], U[kStepsMax * kC], P[kStepsMax * kC];
+  for_each_block(t.n, t.M, true, [&](auto hint, int r0, int m0, int steps, int chunk, Shape s) {
     constexpr bool kStream = decltype(hint)::stream;
-    alignas(64) float G[kNr * kMr], U[kNr * kMr];
-    for_each_block(t.n, t.M, [&](int r0, int, int m0, int mt, Shape s) {
-      const uint8_t* B = token_group(t.I, m0, KB);
-      algorithm1_pieces<kStream>(t.w_gate + r0 * t.ldw_gate, t.ldw_gate, B, KB, s, G);
-      algorithm1_pieces<kStream>(t.w_up + r0 * t.ldw_up, t.ldw_up, B, KB, s, U);
-      // line 4: the second layout transformation
-      store_act_tiles(t.act, t.act_K, t.n0 + r0, kNr, m0, mt, G, U, kMr);
-    });
+    const uint8_t* B = token_group(t.I, m0, KB);
+    chunk = chunk ? chunk : KB;
+    algorithm1_steps<kStream>(t.w_gate + r0 * t.ldw_gate, t.ldw_gate, B, KB, steps, chunk, s, G, P);
+    algorithm1_steps<kStream>(t.w_up + r0 * t.ldw_up, t.ldw_up, B, KB, steps, chunk, s, U, P);
+    for (int st = 0; st < steps; ++st) {  // line 4: the second layout transformation
+      const int m = m0 + st * kMr;
+      store_act_tiles(t.act, t.act_K, t.n0 + r0, kNr, m, imin(kMr, t.M - m), G + st * kC, U + st * kC, kMr);
+    }
   });
 }
 
 // Down projection; the transpose fused into the store: y[m][n0 + r] = C[r][m] (transformation 3).
 void down(const DownTask& t) {
   const int KB = t.K / kKr;
-  if (t.M > kMr && t.M <= kStepsMaxM) {
-    alignas(64) float C[kStepsMax * kNr * kMr], P[kStepsMax * kNr * kMr];
-    for_each_block_steps(t.n, t.M, [&](int r0, int steps, Shape s) {
-      algorithm1_steps(t.w_down + r0 * t.ldw, t.ldw, token_group(t.act, 0, KB), KB, steps, s, C, P);
-      for (int st = 0; st < steps; ++st) {  // line 4: the third layout transformation
-        const int m = st * kMr;
-        store_y(t.y + m * t.ldy, t.ldy, t.n0 + r0, kNr, imin(kMr, t.M - m), C + st * kNr * kMr, kMr);
-      }
-    });
-    return;
-  }
-  with_w_hint(t.M, [&](auto hint) {
-    alignas(64) float C[kNr * kMr];
-    for_each_block(t.n, t.M, [&](int r0, int, int m0, int mt, Shape s) {
-      algorithm1_pieces<decltype(hint)::stream>(t.w_down + r0 * t.ldw, t.ldw,
-                                                token_group(t.act, m0, KB), KB, s, C);
-      // line 4: the third layout transformation
-      store_y(t.y + m0 * t.ldy, t.ldy, t.n0 + r0, kNr, mt, C, kMr);
-    });
+  alignas(64) float C[kStepsMax * kC], P[kStepsMax * kC];
+  for_each_block(t.n, t.M, true, [&](auto hint, int r0, int m0, int steps, int chunk, Shape s) {
+    algorithm1_steps<decltype(hint)::stream>(t.w_down + r0 * t.ldw, t.ldw, token_group(t.act, m0, KB), KB,
+                                             steps, chunk ? chunk : KB, s, C, P);
+    for (int st = 0; st < steps; ++st) {  // line 4: the third layout transformation
+      const int m = m0 + st * kMr;
+      store_y(t.y + m * t.ldy, t.ldy, t.n0 + r0, kNr, imin(kMr, t.M - m), C + st * kC, kMr);
+    }
   });
 }
 
@@ -458,18 +406,17 @@ void down(const DownTask& t) {
 // of a row class), only the listed pieces (this node's local segments), one output slot per piece.
 void piece_dots(const PieceTask& t) {
   const int KB = t.K / kKr;
-  with_w_hint(t.M, [&](auto hint) {
-    alignas(64) float C[kNr * kMr];
-    for_each_block(t.nrows, t.M, [&](int r0, int rows, int m0, int mt, Shape s) {
-      const uint8_t* B = token_group(t.I, m0, KB);
-      for (int p = 0; p < t.npieces; ++p) {
-        const int kb0 = t.pieces[2 * p] / kKr, kb1 = t.pieces[2 * p + 1] / kKr;
-        algorithm1<decltype(hint)::stream>(t.w + r0 * t.ldw, t.ldw, B, KB, kb0, kb1, s, C);
-        for (int r = 0; r < rows; ++r)
-          for (int m = 0; m < mt; ++m)
-            t.out[(int64_t(r0 + r) * t.npieces + p) * t.M + m0 + m] = 0.f + C[r * kMr + m];
-      }
-    });
+  alignas(64) float C[kC];
+  for_each_block(t.nrows, t.M, false, [&](auto hint, int r0, int m0, int, int, Shape s) {
+    const int rows = s.a0 + s.a1, mt = s.mt0 + s.mt1;
+    const uint8_t* B = token_group(t.I, m0, KB);
+    for (int p = 0; p < t.npieces; ++p) {
+      const int kb0 = t.pieces[2 * p] / kKr, kb1 = t.pieces[2 * p + 1] / kKr;
+      algorithm1<decltype(hint)::stream>(t.w + r0 * t.ldw, t.ldw, B, KB, kb0, kb1, s, C);
+      for (int r = 0; r < rows; ++r)
+        for (int m = 0; m < mt; ++m)
+          t.out[(int64_t(r0 + r) * t.npieces + p) * t.M + m0 + m] = 0.f + C[r * kMr + m];
+    }
   });
 }
 
