@@ -307,10 +307,26 @@ def validate(model, ref: Reference, tolerance: float = LOGIT_TOLERANCE) -> dict:
         if a != b:
             break
         match += 1
+    ok, tie = logits_ok(err, dec_err, tolerance, lp_err, lp_ref)
     return {"rel_err": err, "decode_rel_err": dec_err, "argmax_agree": agree,
             "greedy_match": f"{match}/{len(ref.greedy)}", "logprob_err": lp_err, "logprob_ref": lp_ref,
-            "tolerance": tolerance,
-            "ok": err <= tolerance and (dec_err is None or dec_err <= tolerance)}
+            "tolerance": tolerance, "ok": ok, "tie": tie}
+
+
+def logits_ok(err: float, dec_err: float | None, tolerance: float, lp_err: float,
+              lp_ref: str | None) -> tuple[bool, str | None]:
+    """(ok, the near-tie that explains it): an in-process engine's logits within `tolerance` of the
+    reference, as a prefill and as decode steps; else, where the engine's prompt log-probs are within
+    LOGPROB_TOLERANCE_BF16 of the reference with one of its near-tie router decisions taken the other way
+    (lp_ref, logprob_match's words for it), ok with those words: the test the out-of-process engines,
+    which show log-probs only, pass (seen: Mixtral-8x7B's synthetic weights at 2 layers, transformers'
+    grouped experts 0.041 from the bf16 eager reference in logits, 0.016 nats in log-probs with a decision
+    0.008 from a tie taken the other way)."""
+    if err <= tolerance and (dec_err is None or dec_err <= tolerance):
+        return True, None
+    if lp_ref is not None and lp_err <= LOGPROB_TOLERANCE_BF16:
+        return True, lp_ref
+    return False, None
 
 
 @torch.inference_mode()

@@ -188,7 +188,8 @@ class _InProcess:
             self.echo(f"  {eng} ({impl[eng]}): logits rel_err {v['rel_err']:.2e}{dec} vs {ref.what} (tolerance "
                       f"{v['tolerance']}), prompt log-probs max delta {v['logprob_err']:.3g} nats"
                       + (f" (with {v['logprob_ref']})" if v.get("logprob_ref") else "") + ", argmax agree "
-                      f"{v['argmax_agree']:.2f}, greedy {v['greedy_match']}")
+                      f"{v['argmax_agree']:.2f}, greedy {v['greedy_match']}"
+                      + (" -- ok by the log-probs with that decision" if v.get("tie") else ""))
             if eng == "hf":
                 hf_err, self.hf_logprob_err = v["rel_err"], v["logprob_err"]
         for eng in self.engines:
@@ -203,7 +204,10 @@ class _InProcess:
                                        f", the last {M.DECODE_CHECK} again as decode steps: rel_err {v['decode_rel_err']:.2e}")
                                     + f"; argmax agree {v['argmax_agree']:.2f} (random weights: near-uniform logits, argmax fragile)"
                                     + ("" if not v.get("logprob_ref") else f"; prompt log-probs "
-                                       f"{v['logprob_err']:.3g} nats from it with {v['logprob_ref']}"),
+                                       f"{v['logprob_err']:.3g} nats from it with {v['logprob_ref']}")
+                                    + ("" if not v.get("tie") else f"; logits rel_err {v['rel_err']:.3g} over "
+                                       f"{v['tolerance']}, ok as the log-probs match with that decision "
+                                       f"(within {M.LOGPROB_TOLERANCE_BF16} nats)"),
                          logit_rel_err_hf=hf_err, logprob_err=v["logprob_err"], router_margin=ref.router_margin,
                          decode_rel_err=v["decode_rel_err"],
                          status="ok" if v["ok"] else "wrong",
