@@ -130,9 +130,9 @@ def test_other_paths_virtual_nodes_bit_identical(isa, nodes, T, page, offset):
     check_case(isa, 2048, 768, 3, T, 2, nodes, page, offset)
 
 
-# T = 1: one B tile; 20: two; 40: two token steps per expert (~20 tokens each in 3 of the 4 experts);
-# 100 (~50 per expert) and 120 on 3 experts (~80): several steps per W block, K chunks outer
-# (algorithm1_steps); 300 on 3 experts (~200 per expert): the per-step loops above kStepsMaxM
+# Tokens an expert ~ T * k / E over SHAPES (E = 4, 3, 2): T = 1: one B tile; 20 (10-13): one or two;
+# 40 (20-27): two B tiles; 100 (50-67) and 120 (60-80): several 32-token steps per W block sharing
+# K chunks (algorithm1_steps); 300 (150-200): the steps one after the other, above kStepsMaxM
 @pytest.mark.parametrize("isa,T", [(i, t) for i in ("amx-emulated", "amx") for t in (1, 20, 40, 100)]
                          + [("amx", 120), ("amx", 300)])
 def test_amx_fused_rows_of_differing_cuts_bit_identical(isa, T):

@@ -40,7 +40,8 @@
 // the W TILELOADDT1s (~80% of cpu-clock samples at Qwen3 T = 1): it streams, at 0.72 of the probe
 // on Qwen3 and 0.85 on Mixtral. Next: a K-blocked loop over L1-sized chunks of W and I (C tiles
 // carried across chunks), and a transient contiguous copy of the W block when M spans several token
-// groups.
+// groups (2026-12-06: the first is algorithm1_steps for 32 < M <= 128; the copy was tried there and
+// not kept).
 //
 // Rows of differing piece cuts (Qwen3's W_down, K = 768) in the fused tasks (2026-12-01; then
 // algorithm1_pieces, now algorithm1_steps):
@@ -76,15 +77,20 @@ constexpr int kTokTile = 16;  // tokens per B tile (16 pairs of K x 16 tokens x 
 constexpr int kNr = 32;       // W rows per micro-kernel step (two A tiles)
 constexpr int kMr = 32;       // tokens per micro-kernel step (two B tiles)
 constexpr int kC = kNr * kMr; // one C block (fp32)
+constexpr int kStepsKB = 8;      // K blocks per chunk when a W block's token steps run together
+constexpr int kStepsMaxM = 128;  // up to this many tokens (at most 4 steps, one pass over the block)
+constexpr int kStepsMax = kStepsMaxM / kMr;
+// A W block's 32-token steps run together over shared K chunks (algorithm1_steps, measured there).
+inline bool steps_together(int M) { return M > kMr && M <= kStepsMaxM; }
 
 // ---- the packed (VNNI) layout of I and of the activation ---------------------------------------
 // [token group g = m / 16][K block kb = k / 32][pair kp][token m % 16][2]: each (g, kb) is one
 // 1 KiB B-tile image (stride 64 bytes), so the micro-kernel's B loads are contiguous.
-// With more than one 32-token step, an even number of groups: every step of algorithm1_steps loads
-// two whole B tiles; the tokens past M are zeros in I, and their columns of C are never stored.
+// When the steps run together, an even number of groups: every step loads two whole B tiles; the
+// tokens past M are zeros in I, and their columns of C are never stored.
 size_t packed_bytes(int M, int K) {
   size_t groups = (size_t(M) + kTokTile - 1) / kTokTile;
-  if (M > kMr) groups += groups & 1;
+  if (steps_together(M)) groups += groups & 1;
   return groups * (size_t(K) / kKr) * 1024;
 }
 
@@ -218,10 +224,10 @@ inline const uint8_t* token_group(const void* packed, int m0, int KB) {
 // each cut of any row the accumulators are stored, the rows cut there added into Acc and zeroed, and the
 // tiles reloaded. Tile stores and loads are exact, so the sums are the canonical ones bit for bit (the
 // piece path's, which took the second kind of rows before, 8 row classes apart, through a partial buffer
-// and a scalar reduction), for any chunk and number of steps. The shape s is configured by the caller;
-// P is steps x 32 x 32 fp32 of work space.
+// and a scalar reduction), for any chunk (0: the whole K) and number of steps. The shape s is configured
+// by the caller; P is steps x 32 x 32 fp32 of work space.
 //
-// One step (M <= 32, and every 32-token step of M > kStepsMaxM) runs with chunk = KB: the K loop runs
+// One step (M <= 32, and every 32-token step of M > kStepsMaxM) runs with chunk 0: the K loop runs
 // between cuts unbroken. With 32 < M <= kStepsMaxM the steps share the chunks (kStepsKB blocks, 32 rows x
 // 512 bytes of W), so the later steps find the chunk's W lines just loaded, where one step after the
 // other over the whole K reloaded W from L2, 16 rows a row stride apart per tile, a whole K later; each
@@ -236,14 +242,12 @@ inline const uint8_t* token_group(const void* packed, int m0, int KB) {
 // a contiguous L1 buffer (the next chunk prefetched into L2) and the tiles loaded from there: 1.07-1.20x
 // (the copy's loads wait on DRAM and do not overlap the tiles; with W already in L1, i.e. the copy
 // skipped, Mixtral M = 256 takes 0.77x: the token tiles from L2 and the accumulator spills remain).
-constexpr int kStepsKB = 8;      // K blocks per chunk
-constexpr int kStepsMaxM = 128;  // tokens: at most 4 steps, one pass over the block
-
 template <bool kStreamW>
 void algorithm1_steps(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, int steps, int chunk,
                       Shape s, float* Acc, float* P) {
   for (int i = 0; i < steps * kC; ++i) Acc[i] = 0.f;
   const int K = KB * kKr, rows = s.a0 + s.a1;
+  if (chunk == 0) chunk = KB;
   const size_t step_bytes = size_t(2) * KB * 1024;  // two token groups
   int next[kNr];  // each row's next cut, in K blocks (KB: none before the end)
   for (int r = 0; r < rows; ++r) next[r] = piece_end(0, piece_phase(w + r * ldw), K) / kKr;
@@ -277,8 +281,6 @@ void algorithm1_steps(const bf16_t* w, int64_t ldw, const uint8_t* B, int KB, in
     kb = stop;
   }
 }
-
-constexpr int kStepsMax = kStepsMaxM / kMr;
 
 // Transformation 2's store, element k of token m: bf16 into its half of the VNNI pair
 // (k / 2, token m) of the B tiles the down projection loads.
@@ -349,7 +351,7 @@ inline void with_w_hint(int M, F&& f) {
 // f(hint, r0, m0, 1, 0, s) with that step's shape (chunk 0: the K loop unbroken between cuts).
 template <class F>
 inline void for_each_block(int nrows, int M, bool shared, F&& f) {
-  const bool together = shared && M > kMr && M <= kStepsMaxM;
+  const bool together = shared && steps_together(M);
   with_w_hint(M, [&](auto hint) {
     TileShapeCache tiles;
     for (int r0 = 0; r0 < nrows; r0 += kNr) {
@@ -378,7 +380,6 @@ void gate_up(const GateUpTask& t) {
   for_each_block(t.n, t.M, true, [&](auto hint, int r0, int m0, int steps, int chunk, Shape s) {
     constexpr bool kStream = decltype(hint)::stream;
     const uint8_t* B = token_group(t.I, m0, KB);
-    chunk = chunk ? chunk : KB;
     algorithm1_steps<kStream>(t.w_gate + r0 * t.ldw_gate, t.ldw_gate, B, KB, steps, chunk, s, G, P);
     algorithm1_steps<kStream>(t.w_up + r0 * t.ldw_up, t.ldw_up, B, KB, steps, chunk, s, U, P);
     for (int st = 0; st < steps; ++st) {  // line 4: the second layout transformation
@@ -394,7 +395,7 @@ void down(const DownTask& t) {
   alignas(64) float C[kStepsMax * kC], P[kStepsMax * kC];
   for_each_block(t.n, t.M, true, [&](auto hint, int r0, int m0, int steps, int chunk, Shape s) {
     algorithm1_steps<decltype(hint)::stream>(t.w_down + r0 * t.ldw, t.ldw, token_group(t.act, m0, KB), KB,
-                                             steps, chunk ? chunk : KB, s, C, P);
+                                             steps, chunk, s, C, P);
     for (int st = 0; st < steps; ++st) {  // line 4: the third layout transformation
       const int m = m0 + st * kMr;
       store_y(t.y + m * t.ldy, t.ldy, t.n0 + r0, kNr, imin(kMr, t.M - m), C + st * kC, kMr);
