@@ -99,6 +99,41 @@ def test_loaded_weights_are_the_processes_own_memory_not_the_file_map():
 
 
 @pytest.mark.parametrize("name", list(TINY))
+@pytest.mark.parametrize("engine", ["hf", "hina+fused"])
+def test_a_model_cut_to_its_first_layers_is_the_shallower_checkpoint(name, engine):
+    """run.py's paired depths time the deeper model cut to its first n1 layers as the n1-layer model: the
+    same bytes (the seeded fill is per tensor name), so the same logits, prompt and decode steps, whichever
+    engine (the fused stack is prepared again for the cut model), and the model whole again afterwards."""
+    from hinabench.e2e import measure as M
+    from hinabench.e2e import engines as E
+    if engine == "hina+fused" and C.FAMILIES[name] not in ("qwen3-30b-a3b", "mixtral-8x7b"):
+        pytest.skip("the fused layer knows Qwen3-MoE and Mixtral")
+    deep, shallow = M.load(C.checkpoint(name, 3).path), M.load(C.checkpoint(name, 1).path)
+    ids = C.prompt_ids(deep.config.vocab_size, 1, 6, 2)
+    for m in (deep, shallow):
+        impl, attn = m.config._experts_implementation, m.config._attn_implementation
+        M.set_engine(m, engine, impl, attn)
+
+    def decode(m):   # the prompt's logits, then three decode steps' (the fused stack's own path)
+        cache = M.new_cache(m)
+        with torch.inference_mode():
+            out = [m(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]]
+            for t in range(3):
+                out.append(m(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits[0, -1])
+        return torch.stack(out)
+    whole = decode(deep)
+    with M.first_layers(deep, 1):
+        cut = decode(deep)
+        assert len(deep.model.layers) == deep.config.num_hidden_layers == 1
+    assert torch.equal(cut, decode(shallow)) and not torch.equal(cut, whole)
+    assert len(deep.model.layers) == deep.config.num_hidden_layers == 3 and torch.equal(decode(deep), whole)
+    assert engine in E.IN_PROCESS
+    with pytest.raises(ValueError, match="4 of a 3-layer"):
+        with M.first_layers(deep, 4):
+            pass
+
+
+@pytest.mark.parametrize("name", list(TINY))
 def test_dropin_matches_transformers_fp32_without_copying_weights(name):
     from hinabench.e2e import measure as M
     ck = C.checkpoint(name, 2)
@@ -303,6 +338,10 @@ def test_e2e_rows_every_engine_and_the_figures(tmp_path, monkeypatch):
         assert sum(v["bytes"] for v in parts.values()) == int(float(x["layer_bytes"]))
     assert all(x["layer_parts"] == "" for x in by["hina"] if x["phase"] == "decode")
     assert all(0 < float(x["attn_share"]) < 1 for x in dec)
+    for eng in ("hina", "hf", "hina+fused"):   # paired depths: the 2-layer rows carry the model cut to 1 beside them
+        dec = {int(x["layers"]): x for x in by[eng] if x["phase"] == "decode" and x["batch_size"] == "1"}
+        assert dec[2]["paired_layers"] == "1" and dec[2]["paired_rounds"] == "1" and float(dec[2]["paired_t1_ms"]) > 0
+        assert float(dec[2]["paired_per_layer_ms"]) == float(dec[2]["paired_per_layer_ms"]) and dec[1]["paired_layers"] == ""
     assert all(x["status"] == "unavailable" and "hinabench env create vllm" in x["reason"] for x in by["vllm"])
     assert all(x["status"] in ("unsupported", "unavailable") and x["reason"] for x in by["ipex"] + by["kt"])
     for fig in ("fig12", "fig13", "fig14", "table4"):
@@ -383,6 +422,26 @@ def test_roofline_target_when_the_layers_could_sit_in_the_l3(l3_mib, per, verdic
     for line in lines:                                                          # 5 ms: 1.32x, 4 ms: 1.05x of 3.8 ms
         assert (("n/a (4 layers x 114 MB fit in the 480 MiB L3" in line) == (verdict == "n/a")
                 and (verdict == "n/a" or f"-> {verdict}" in line)), line
+
+
+def test_per_layer_prefers_the_paired_depths_of_one_process():
+    """A deeper row with paired depths for the shallower one gives the per-layer cost (and its spread); the
+    two depths' processes' difference stays beside it; a pairing with another depth is not used."""
+    import pandas as pd
+    from hinabench.e2e.figures import per_layer, tables
+    def rows(paired_with):
+        return pd.DataFrame([dict(op="e2e", model="qwen3-30b-a3b", backend="hina", phase="decode", status="ok",
+                                  layers=L, batch_size=1, prompt_tokens=128, median_ms=ms, mad_ms=1.0, full_layers=48,
+                                  layer_bytes=114e6, read_gbps=30.0, tokens_per_s=20.0, ffn_share=0.3, attn_share=0.2,
+                                  rel_err=0.01, fingerprint="Some CPU, 1S/2C/2T, L3 32 MiB, ISA avx2",
+                                  paired_layers=paired_with if L == 8 else None, paired_per_layer_ms=4.2 if L == 8 else None,
+                                  paired_mad_ms=0.05 if L == 8 else None)
+                             for L, ms in ((2, 40.0), (8, 70.0))])
+    r = per_layer(rows(2)).iloc[0]
+    assert (r["per_layer_ms"], r["mad_ms"], r["paired"], r["sequential_ms"]) == (4.2, 0.05, True, 5.0)
+    assert "| 4.20 +- 0.05 (paired; the depths' runs: 5.00) |" in tables(rows(2))
+    r = per_layer(rows(4)).iloc[0]
+    assert r["per_layer_ms"] == pytest.approx(5.0) and not r["paired"]
 
 
 def test_per_layer_takes_the_newest_row_of_a_depth_whatever_the_file_order():

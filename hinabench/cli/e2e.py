@@ -20,6 +20,10 @@ from . import command_line, ints, names
               help="Table 4: prompt lengths timed as prefill at batch 1, comma-separated (e.g. 512,1024,2048).")
 @click.option("--prefill-engines", default="hina,hf", show_default=True, help="Engines timed for --prefill.")
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(1, 100), help="Interleaved rounds.")
+@click.option("--paired/--no-paired", default=True, show_default=True,
+              help="With two depths or more: at the deepest, each round also decodes the model cut to its first "
+                   "(shallowest-depth) layers, in one process, and the in-process engines' per-layer cost comes "
+                   "from those pairs (the machine's drift between the depths' processes stays out of it).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Weights' seed (the checkpoint's).")
 @click.option("--threads", default=None, type=click.IntRange(1, 4096), help="Threads (default: torch's).")
 @click.option("--mem-gib", default=7.0, show_default=True, type=click.FloatRange(1, 4096),
@@ -34,7 +38,7 @@ from . import command_line, ints, names
                    "per-layer ratio).")
 @click.option("--gguf", "gguf_types", default=None,
               help="Also write the checkpoint as GGUF, comma-separated types (bf16, q8_0), and exit.")
-def e2e(model_names, layers, prompt, gen, batch, engines, prefill, prefill_engines, rounds, seed, threads,
+def e2e(model_names, layers, prompt, gen, batch, engines, prefill, prefill_engines, rounds, paired, seed, threads,
         mem_gib, out, show_patch, checkpoint_only, tables_from, gguf_types):
     """Decode and prefill of real MoE model configurations (synthetic weights, N layers) on every
     engine that runs here, validated against transformers fp32 first: TTFT, TPOT (median +- MAD),
@@ -84,7 +88,7 @@ def e2e(model_names, layers, prompt, gen, batch, engines, prefill, prefill_engin
     from ..machine.sysinfo import machine_id
     cfg = E2EConfig(models=models, layers=depths, prompt=prompt, gen=gen, batches=ints(batch, "--batch"),
                     engines=expand(names(engines) or []), prefill=ints(prefill, "--prefill") if prefill else [],
-                    prefill_engines=expand(names(prefill_engines) or []), rounds=rounds, seed=seed,
+                    prefill_engines=expand(names(prefill_engines) or []), rounds=rounds, paired=paired, seed=seed,
                     threads=threads or 0, mem_budget=int(mem_gib * 2**30), command=command_line())
     if out is None:
         out = str(Path("results") / machine_id() / f"e2e-{models[0]}-{time.strftime('%Y%m%d-%H%M%S')}.csv")

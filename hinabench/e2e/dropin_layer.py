@@ -121,7 +121,8 @@ def hina_model_forward(self, input_ids=None, attention_mask=None, position_ids=N
     if seen is None or seen() is not past_key_values:
         layers = [_prepared(layer) for layer in self.layers]
         stack = self.__dict__.get("_hina_stack")
-        if stack is None or any(a is not b for a, b in zip(stack.layers, layers)):
+        if (stack is None or len(stack.layers) != len(layers)     # a model cut to its first layers: measure.first_layers
+                or any(a is not b for a, b in zip(stack.layers, layers))):
             self._hina_stack = PreparedStack(layers)
         self._hina_seen = weakref.ref(past_key_values)
     B, pos = input_ids.shape[0], caches[0].length

@@ -81,10 +81,21 @@ def _one_run(g):
     return g
 
 
+def _paired(r, n1: int):
+    """(per-layer ms, its MAD) from the deeper row's paired depths (run.py: the model cut to its first n1
+    layers timed beside it, round by round, in one process), or None where the row has none for n1."""
+    v, n = r.get("paired_per_layer_ms"), r.get("paired_layers")
+    if v is None or v != v or n is None or n != n or int(n) != n1:
+        return None
+    return float(v), float(r["paired_mad_ms"])
+
+
 def per_layer(df, phase: str = "decode"):
     """Rows of (model, engine, batch, prompt, per_layer_ms, mad_ms, depths, t_ms at the shallowest depth,
     full_layers): the per-layer cost from the two shallowest depths with ok rows, both of one run (the
-    newest run that timed two depths) where the rows say which run they come from."""
+    newest run that timed two depths) where the rows say which run they come from. Where the deeper row
+    carries paired depths for the shallower one (the in-process engines: run.py), the cost is theirs
+    (`paired` True) and the two depths' processes' difference stays beside it (`sequential_ms`)."""
     import pandas as pd
     ok = df[(df["status"] == "ok") & (df["phase"] == phase)]
     out = []
@@ -99,8 +110,11 @@ def per_layer(df, phase: str = "decode"):
             continue
         r1, r2 = g[g["layers"] == depths[0]].iloc[-1], g[g["layers"] == depths[1]].iloc[-1]
         n1, n2 = int(depths[0]), int(depths[1])
-        pl = (r2["median_ms"] - r1["median_ms"]) / (n2 - n1)
+        pl = seq = (r2["median_ms"] - r1["median_ms"]) / (n2 - n1)
         mad = ((r1["mad_ms"] ** 2 + r2["mad_ms"] ** 2) ** 0.5) / (n2 - n1)
+        paired = _paired(r2, n1)
+        if paired:
+            pl, mad = paired
         L = int(r1["full_layers"])
         # A layer cannot stream its bytes from DRAM faster than the best read probe of its rows: a
         # difference more than 10% under that (where the layers do not fit the L3) says the two depths'
@@ -112,12 +126,13 @@ def per_layer(df, phase: str = "decode"):
                                   # noise, not a cost; no projection
             out.append(dict(model=model, engine=eng, batch=int(b), prompt=int(p), per_layer_ms=None, mad_ms=mad,
                             depths=f"{n1},{n2}", t1_ms=r1["median_ms"], n1=n1, full_layers=L, projected_ms=None,
-                            raw_ms=pl, under_roofline_ms=under))
+                            raw_ms=pl, under_roofline_ms=under, paired=bool(paired), sequential_ms=seq))
             continue
         out.append(dict(model=model, engine=eng, batch=int(b), prompt=int(p), per_layer_ms=pl, mad_ms=mad,
                         depths=f"{n1},{n2}", t1_ms=r1["median_ms"], n1=n1, full_layers=L,
                         projected_ms=r1["median_ms"] + (L - n1) * pl, raw_ms=pl,
-                        roofline_ms=rl if rl is not None and not fits else None))
+                        roofline_ms=rl if rl is not None and not fits else None, paired=bool(paired),
+                        sequential_ms=seq))
     return pd.DataFrame(out)
 
 
@@ -465,7 +480,7 @@ def tables(df, runs=None) -> str:
                    f"{f(100 * r['attn_share'], '.0f') if r['attn_share'] == r['attn_share'] else ''} | "
                    f"{f(r['rel_err'], '.1e')} | {r['status']} |")
     pl = per_layer(df)
-    out += ["", "### Per layer (decode, from two depths)", "",
+    out += ["", "### Per layer (decode, from two depths; 'paired': both depths in one process, round by round)", "",
             "| model | engine | B | depths | ms per layer (+- MAD) | roofline ms/layer | ratio | projected full-depth tok/s |",
             "|---|---|---|---|---|---|---|---|"]
     roof, cached = {}, {}
@@ -498,7 +513,8 @@ def tables(df, runs=None) -> str:
             out.append(f"| {r['model']} | {r['engine']} | {r['batch']} | {r['depths']} | (one depth) | | | |")
             continue
         proj = 1000 * r["batch"] / r["projected_ms"] if r["projected_ms"] else None
-        out.append(f"| {r['model']} | {r['engine']} | {r['batch']} | {r['depths']} | {v:.2f} +- {r['mad_ms']:.2f} | "
+        how = f" (paired; the depths' runs: {r['sequential_ms']:.2f})" if r.get("paired") is True else ""
+        out.append(f"| {r['model']} | {r['engine']} | {r['batch']} | {r['depths']} | {v:.2f} +- {r['mad_ms']:.2f}{how} | "
                    f"{'' if rl is None else format(rl, '.2f')} | {'' if rl is None else format(v / rl, '.2f')}"
                    f"{' (fits the L3)' if (r['model'], r['engine'], r['batch']) in cached else ''} | "
                    f"{'' if proj is None else format(proj, '.2f')} (projected) |")

@@ -71,6 +71,28 @@ def load(path: Path, dtype=torch.bfloat16, experts: str | None = None):
     return resident(m)   # the weights into memory at load
 
 
+@contextmanager
+def first_layers(model, n: int):
+    """The model cut to its first `n` decoder layers while the block runs (run.py's paired depths): the
+    same modules and tensors, so the N-layer checkpoint's bytes (the seeded fill is per tensor name: its
+    embedding, layers 0..n-1, final norm and LM head are these), and the config's layer count (and
+    per-layer lists) cut with them, so that a new cache has n layers. Restored on the way out."""
+    inner, cfg = model.model, model.config
+    full, saved = inner.layers, {k: getattr(cfg, k) for k in ("num_hidden_layers", "layer_types") if hasattr(cfg, k)}
+    if not 1 <= n <= len(full):
+        raise ValueError(f"first_layers: {n} of a {len(full)}-layer model")
+    inner.layers = torch.nn.ModuleList(list(full)[:n])
+    cfg.num_hidden_layers = n
+    if saved.get("layer_types") is not None:
+        cfg.layer_types = list(saved["layer_types"])[:n]
+    try:
+        yield model
+    finally:
+        inner.layers = full
+        for k, v in saved.items():
+            setattr(cfg, k, v)
+
+
 def set_engine(model, engine: str, default_impl: str, default_attn: str = "sdpa") -> str:
     """Put the model in `engine`'s configuration; returns what runs: "experts=... attn=...[ linear=hina]"."""
     from . import dropin_linear

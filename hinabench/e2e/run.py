@@ -6,6 +6,15 @@ once the in-process model is freed, then the in-process engines' other half of t
 and >= 2 rounds: see _InProcess), then rows for engines that cannot run here (status + reason).
 Rows: one `prefill` row (TTFT) and one `decode` row (TPOT, tokens/s, FFN and attention shares) per
 engine and batch; `prefill` rows at batch 1 for each --prefill length (Table 4).
+
+Paired depths (`paired`, on by default with two depths or more): at the deepest depth N2 each round of an
+in-process engine also decodes with the model cut to its first N1 layers (the shallowest depth:
+measure.first_layers; the seeded fill is per tensor name, so those are the N1 checkpoint's bytes), the two
+in alternating order, and the decode row carries the per-layer cost from those pairs
+(`paired_per_layer_ms`: the median over rounds of (step(N2) - step(N1)) / (N2 - N1), `paired_mad_ms` their
+MAD). Both depths are then timed seconds apart in one process, so the machine's drift over the minutes
+between the two depths' processes (4-layer steps moved 37.4 -> 40.2 ms within one run on the AMX Xeon)
+stays out of the difference; the peers' per-layer cost stays the two processes' (figures.per_layer).
 """
 from __future__ import annotations
 
@@ -23,7 +32,7 @@ import torch
 
 from ..errors import UserError
 from ..harness.loadmeter import LoadMeter
-from ..harness.stats import summarize, unstable
+from ..harness.stats import median, summarize, unstable
 from ..models import get_model
 from ..problems.e2e import E2EProblem
 from . import engines as E
@@ -46,6 +55,7 @@ class E2EConfig:
     threads: int = 0
     mem_budget: int = 7 << 30
     vllm_compile: bool = False
+    paired: bool = True                 # the in-process engines' per-layer cost also from paired depths
     command: str = ""
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}")
 
@@ -138,7 +148,8 @@ def run_e2e(cfg: E2EConfig, store, echo=print) -> list[dict]:
                 ref = M.reference(ck, val_ids, cfg.mem_budget, echo)
             # the in-process rounds in two passes around the peers' when both run and there are >= 2 rounds
             first = (cfg.rounds + 1) // 2 if inproc and peers and cfg.rounds > 1 else cfg.rounds
-            ip = _InProcess(cfg, ck, ref, inproc, problems, table4, echo) if inproc else None
+            pair = min(cfg.layers) if cfg.paired and len(set(cfg.layers)) >= 2 and layers == max(cfg.layers) else None
+            ip = _InProcess(cfg, ck, ref, inproc, problems, table4, echo, pair) if inproc else None
             if ip:
                 ip.run(range(first), last=first == cfg.rounds)
             gc.collect()
@@ -159,9 +170,11 @@ class _InProcess:
     machine over the minutes the peers take (the read probe moved 30 -> 35 GB/s within a run here) falls
     on both sides of a comparison. Each pass loads the model and frees it before the peers load theirs."""
 
-    def __init__(self, cfg, ck, ref, engines_, problems, table4, echo):
+    def __init__(self, cfg, ck, ref, engines_, problems, table4, echo, pair: int | None = None):
         self.cfg, self.ck, self.ref, self.engines, self.echo = cfg, ck, ref, engines_, echo
         self.problems, self.table4 = problems, table4
+        self.pair = pair                                  # the shallower depth timed beside this one, or None
+        self.pairs: dict[tuple, list] = {}                # (engine, decode problem) -> [(s full, s cut), ...] a round
         self.rows: dict[tuple, dict] = {}
         self.samples: dict[tuple, list] = {}
         self.ttfts: dict[tuple, list] = {}
@@ -238,16 +251,24 @@ class _InProcess:
                 for eng in engines_:
                     M.set_engine(model, eng, default_impl, default_attn)
                     self.probes[eng].append(M.read_probe(model, cfg.threads))
-                    with LoadMeter() as lm:
-                        ttft, steps = M.generate_timed(model, ids, cfg.gen)
-                    self.loads[eng].append(lm.other_cpus)
                     pp = next(p for p in problems if p.phase == "prefill" and p.batch == b)
                     pd = next(p for p in problems if p.phase == "decode" and p.batch == b)
+                    cut = None
+                    with LoadMeter() as lm:
+                        if self.pair and rnd % 2:   # the pair's order alternates round by round
+                            cut = self._cut_steps(model, ids)
+                        ttft, steps = M.generate_timed(model, ids, cfg.gen)
+                        if self.pair and not rnd % 2:
+                            cut = self._cut_steps(model, ids)
+                    self.loads[eng].append(lm.other_cpus)
                     self.samples[(eng, pp)].append(ttft)
                     self.samples[(eng, pd)] += steps
                     self.ttfts[(eng, pd)].append(ttft)
+                    if cut and steps:
+                        self.pairs.setdefault((eng, pd), []).append((median(steps), median(cut)))
+                    first = f" (its first {self.pair} layers: {median(cut) * 1e3:.1f} ms)" if cut else ""
                     echo(f"  round {rnd + 1} {eng} B={b}: TTFT {ttft * 1e3:.0f} ms, TPOT median "
-                         f"{sorted(steps)[len(steps) // 2] * 1e3:.1f} ms" if steps else "")
+                         f"{median(steps) * 1e3:.1f} ms{first}" if steps else "")
             for p in self.table4:
                 ids = prompt_ids(V, 1, p.prompt, cfg.seed + 200)
                 for eng in cfg.prefill_engines:
@@ -268,6 +289,11 @@ class _InProcess:
         del model
         gc.collect()
 
+    def _cut_steps(self, model, ids) -> list[float]:
+        """The decode steps' seconds of the model cut to its first `pair` layers (same engine, same prompt)."""
+        with M.first_layers(model, self.pair):
+            return M.generate_timed(model, ids, self.cfg.gen)[1]
+
     def finish(self) -> list[dict]:
         """The rows, from every pass's samples."""
         cfg, probes, loads = self.cfg, self.probes, self.loads
@@ -285,6 +311,12 @@ class _InProcess:
                 r["load_other_cpus"] = round(max(loads[eng]), 2)
                 if max(loads[eng]) > 0.3:
                     r["load_warning"] = f"other processes used {max(loads[eng]):.2f} CPUs during the samples"
+            if p.phase == "decode" and self.pairs.get((eng, p)):
+                n2, n1 = p.layers, self.pair
+                per = [(f - c) / (n2 - n1) * 1e3 for f, c in self.pairs[(eng, p)]]
+                mid = median(per)
+                r.update(paired_layers=n1, paired_per_layer_ms=mid, paired_mad_ms=median([abs(x - mid) for x in per]),
+                         paired_rounds=len(per), paired_t1_ms=1e3 * median([c for _, c in self.pairs[(eng, p)]]))
             if p.phase == "decode":
                 sh = self.shares[(eng, p.batch)]
                 touched = sh["experts_touched"]

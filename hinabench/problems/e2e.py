@@ -27,6 +27,8 @@ class E2EProblem(Problem):
         "ffn_ms", "attn_ms", "ffn_share", "attn_share",       # per decode step, timers around the blocks
         "norm_ms", "router_ms", "kernel_ms",                  # ... the RMSNorms, the routers, the HiNa kernels' calls
         "layer_parts",                                        # the fused layer's parts: ms per step, bytes per layer (JSON)
+        "paired_layers", "paired_per_layer_ms", "paired_mad_ms",   # the in-process per-layer cost from paired depths
+        "paired_rounds", "paired_t1_ms",                      # ... (e2e/run.py): rounds, the cut model's TPOT
         "experts_touched", "layer_bytes", "step_bytes",       # what one decode step must read
         "validation", "logit_rel_err_hf", "greedy_match",
         "decode_rel_err",                                     # the prompt's last tokens as decode steps, vs the reference
