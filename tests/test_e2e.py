@@ -864,3 +864,16 @@ def test_where_the_roofline_gap_goes_part_by_part():
     assert "the timed passes: 1.500 ms a layer (1.50x" in text and "(+0.180 ms)" in text
     rows[0]["layer_parts"] = None                                       # one depth without parts: no table
     assert gap_parts(pd.DataFrame(rows)) == []
+
+
+def test_paired_depths_sit_on_the_row_the_per_layer_cost_reads(tmp_path, monkeypatch):
+    """With three depths the per-layer cost reads the two shallowest (figures.per_layer): the pairs are
+    timed at the second one, against the first; `--no-paired` times none."""
+    monkeypatch.setenv("HINABENCH_ENVS", str(tmp_path / "no-envs"))
+    for flag, want in (("--paired", {1: "", 2: "1", 3: ""}), ("--no-paired", {1: "", 2: "", 3: ""})):
+        out = tmp_path / f"e2e{flag}.csv"
+        r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1,2,3", "--prompt", "8", "--gen", "3", "--engines", "hf",
+                   "--rounds", "1", flag, "--out", str(out))
+        assert r.exit_code == 0, r.output
+        dec = {int(x["layers"]): x["paired_layers"] for x in read_csv(out) if x["phase"] == "decode"}
+        assert dec == want, flag

@@ -21,8 +21,8 @@ from . import command_line, ints, names
 @click.option("--prefill-engines", default="hina,hf", show_default=True, help="Engines timed for --prefill.")
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(1, 100), help="Interleaved rounds.")
 @click.option("--paired/--no-paired", default=True, show_default=True,
-              help="With two depths or more: at the deepest, each round also decodes the model cut to its first "
-                   "(shallowest-depth) layers, in one process, and the in-process engines' per-layer cost comes "
+              help="With two depths or more: at the second-shallowest, each round also decodes the model cut to its "
+                   "first (shallowest-depth) layers, in one process, and the in-process engines' per-layer cost comes "
                    "from those pairs (the machine's drift between the depths' processes stays out of it).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Weights' seed (the checkpoint's).")
 @click.option("--threads", default=None, type=click.IntRange(1, 4096), help="Threads (default: torch's).")

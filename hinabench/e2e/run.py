@@ -7,8 +7,8 @@ and >= 2 rounds: see _InProcess), then rows for engines that cannot run here (st
 Rows: one `prefill` row (TTFT) and one `decode` row (TPOT, tokens/s, FFN and attention shares) per
 engine and batch; `prefill` rows at batch 1 for each --prefill length (Table 4).
 
-Paired depths (`paired`, on by default with two depths or more): at the deepest depth N2 each round of an
-in-process engine also decodes with the model cut to its first N1 layers (the shallowest depth:
+Paired depths (`paired`, on by default with two depths or more): at the second-shallowest depth N2 each
+round of an in-process engine also decodes with the model cut to its first N1 layers (the shallowest depth:
 measure.first_layers; the seeded fill is per tensor name, so those are the N1 checkpoint's bytes), the two
 in alternating order, and the decode row carries the per-layer cost from those pairs
 (`paired_per_layer_ms`: the median over rounds of (step(N2) - step(N1)) / (N2 - N1), `paired_mad_ms` their
@@ -148,7 +148,8 @@ def run_e2e(cfg: E2EConfig, store, echo=print) -> list[dict]:
                 ref = M.reference(ck, val_ids, cfg.mem_budget, echo)
             # the in-process rounds in two passes around the peers' when both run and there are >= 2 rounds
             first = (cfg.rounds + 1) // 2 if inproc and peers and cfg.rounds > 1 else cfg.rounds
-            pair = min(cfg.layers) if cfg.paired and len(set(cfg.layers)) >= 2 and layers == max(cfg.layers) else None
+            d = sorted(set(cfg.layers))   # the per-layer cost's two depths: the shallowest two (figures.per_layer)
+            pair = d[0] if cfg.paired and len(d) >= 2 and layers == d[1] else None
             ip = _InProcess(cfg, ck, ref, inproc, problems, table4, echo, pair) if inproc else None
             if ip:
                 ip.run(range(first), last=first == cfg.rounds)
@@ -266,9 +267,9 @@ class _InProcess:
                     self.ttfts[(eng, pd)].append(ttft)
                     if cut and steps:
                         self.pairs.setdefault((eng, pd), []).append((median(steps), median(cut)))
-                    first = f" (its first {self.pair} layers: {median(cut) * 1e3:.1f} ms)" if cut else ""
+                    cut_note = f" (its first {self.pair} layers: {median(cut) * 1e3:.1f} ms)" if cut else ""
                     echo(f"  round {rnd + 1} {eng} B={b}: TTFT {ttft * 1e3:.0f} ms, TPOT median "
-                         f"{median(steps) * 1e3:.1f} ms{first}" if steps else "")
+                         f"{median(steps) * 1e3:.1f} ms{cut_note}" if steps else "")
             for p in self.table4:
                 ids = prompt_ids(V, 1, p.prompt, cfg.seed + 200)
                 for eng in cfg.prefill_engines:
