@@ -577,11 +577,12 @@ json.dump({{"version": "0.32.0-stand-in", "validation": {{"prompt_logprobs": [0.
     monkeypatch.setenv("HINABENCH_ENVS", str(tmp_path / "envs"))
 
 
-def test_llamacpp_engine_that_dies_with_sigsegv_runs_again_without_its_extra_buffers(tmp_path, monkeypatch):
-    """llama.cpp's AMX buffer crashes on some AMX CPUs (SIGSEGV in ggml_backend_amx_mul_mat): the
-    harness runs the engine once more with use_extra_bufts off, and every row says so. A second crash,
-    or a crash of another engine, is a `failed` row."""
-    crash = "if req.get('extra_bufts') is not False: os.kill(os.getpid(), signal.SIGSEGV)"
+@pytest.mark.parametrize("sig", ["SIGSEGV", "SIGILL"])
+def test_llamacpp_engine_that_dies_with_sigsegv_runs_again_without_its_extra_buffers(tmp_path, monkeypatch, sig):
+    """llama.cpp's AMX buffer crashes on some AMX CPUs (SIGSEGV in ggml_backend_amx_mul_mat on one, SIGILL
+    on another): the harness runs the engine once more with use_extra_bufts off, and every row says so,
+    naming the signal. A second crash, or a crash of another engine, is a `failed` row."""
+    crash = f"if req.get('extra_bufts') is not False: os.kill(os.getpid(), signal.{sig})"
     _stand_in_env(tmp_path, monkeypatch, "llamacpp:q8_0", before=crash)
     out = tmp_path / "e2e.csv"
     r = invoke("e2e", "--model", "tiny-qwen3", "--layers", "1", "--prompt", "8", "--gen", "4", "--batch", "1",
@@ -589,7 +590,7 @@ def test_llamacpp_engine_that_dies_with_sigsegv_runs_again_without_its_extra_buf
     assert r.exit_code == 0, r.output
     rows = [x for x in read_csv(out) if x["backend"] == "llamacpp:q8_0"]
     assert len(rows) == 2 and all(x["status"] == "wrong" for x in rows)    # timed; the stand-in's log-probs
-    assert all("extra buffer types off" in x["engine_impl"] and "SIGSEGV" in x["note"] for x in rows)
+    assert all("extra buffer types off" in x["engine_impl"] and f"died with {sig}" in x["note"] for x in rows)
     assert "extra buffer types off" in r.output
 
 

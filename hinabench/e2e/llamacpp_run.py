@@ -18,9 +18,10 @@ the BF16 GGUF's prompt log-probs moved 0.068 nats from the fp32 reference (bf16 
 Request "extra_bufts": false loads with llama.cpp's extra buffer types off (llama_model_params
 use_extra_bufts, what `llama-cli --no-repack` sets): no AMX or CPU repacking of the weights, each
 matrix product on ggml's plain CPU kernels. The harness asks for it only after the default load died
-with SIGSEGV (run._run_peer): on the AMX Xeon the Q8_0 engine's AMX buffer (attention, router and
-output weights repacked for tiles) crashes in ggml_backend_amx_mul_mat at the first eval (gdb;
-llama.cpp issue 20824, "works fine on another machine", closed without a fix).
+with SIGSEGV or SIGILL (run._run_peer): on the first AMX Xeon (intel-f6m167) the Q8_0 engine's AMX buffer
+(attention, router and output weights repacked for tiles) crashes in ggml_backend_amx_mul_mat at the
+first eval (gdb; llama.cpp issue 20824, "works fine on another machine", closed without a fix); on the
+second (intel-f6m207) the same engine dies with SIGILL 3 s in.
 """
 import sys
 import time

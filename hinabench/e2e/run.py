@@ -398,15 +398,17 @@ def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str, hf_lp: float | No
             echo(f"  {engine}: {time.time() - t0:.0f} s" + (f", error: {res['error']}" if "error" in res else ""))
             return proc.returncode, res, max(0.0, lm.other_cpus - own_cpus)
 
-        rc, res, other_cpus = attempt()
-        if engine.startswith("llamacpp:") and rc == -signal.SIGSEGV and not rs.exists():
+        rc0, res, other_cpus = attempt()
+        rc = rc0
+        if engine.startswith("llamacpp:") and rc in (-signal.SIGSEGV, -signal.SIGILL) and not rs.exists():
             # llama.cpp's AMX buffer crashes on some AMX CPUs (llamacpp_run.py): once more without it
             req["extra_bufts"] = False
             rq.write_text(json.dumps(req))
             rc, res, other_cpus = attempt()
-            res["note"] = ("its default load died with SIGSEGV (seen on the AMX Xeon: llama.cpp's AMX buffer, "
-                           "ggml_backend_amx_mul_mat at the first eval, llama.cpp issue 20824); measured with its "
-                           "extra buffer types off (use_extra_bufts=false: no AMX or CPU repacking)")
+            res["note"] = (f"its default load died with {signal.Signals(-rc0).name} (llama.cpp's AMX buffer: SIGSEGV "
+                           "in ggml_backend_amx_mul_mat at the first eval on the first AMX Xeon, intel-f6m167, llama.cpp issue "
+                           "20824; SIGILL on intel-f6m207); measured with its extra buffer types off "
+                           "(use_extra_bufts=false: no AMX or CPU repacking)")
     if "error" in res:
         for r in rows.values():
             r.update(status="failed", reason=f"{engine}: {res['error']}", note=res.get("note"))
