@@ -404,6 +404,24 @@ def test_per_layer_cost_from_two_depths():
     assert "no attention kernel" in ab["+m+a"]["why"]
 
 
+def test_ablation_takes_its_steps_from_one_run():
+    """A newer run of hf and hina+fused alone does not become the baseline of an older run's other steps:
+    the run with the most steps at two depths gives them all (the newest of equals)."""
+    import pandas as pd
+    from hinabench.e2e.figures import ablation
+    rows = []
+    for run, ts, engines in (("A", "2026-12-06T09:00:00+0000", {"hf": 13.0, "hina": 8.0, "hina+fused": 5.0}),
+                             ("B", "2026-12-06T10:00:00+0000", {"hf": 8.0, "hina+fused": 4.0})):
+        for eng, per in engines.items():
+            for L in (2, 4):
+                rows.append(dict(op="e2e", model="qwen3-30b-a3b", backend=eng, phase="decode", status="ok", layers=L,
+                                 batch_size=1, prompt_tokens=128, median_ms=30.0 + per * L, mad_ms=0.1, full_layers=48,
+                                 run_id=run, timestamp=ts))
+    ab = {a["step"]: a for a in ablation(pd.DataFrame(rows))}
+    assert ab["+m"]["speedup"] == pytest.approx(13 / 8) and ab["+fused"]["speedup"] == pytest.approx(13 / 5)
+    assert ab["baseline"]["per_layer_ms"] == pytest.approx(13.0)
+
+
 @pytest.mark.parametrize("l3_mib,per,verdict", [(32, 5.0, "FAIL"), (480, 5.0, "FAIL"), (32, 4.0, "PASS"),
                                                  (480, 4.0, "n/a")])
 def test_roofline_target_when_the_layers_could_sit_in_the_l3(l3_mib, per, verdict):
