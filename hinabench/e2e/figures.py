@@ -382,7 +382,8 @@ def fig14(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     import matplotlib.pyplot as plt
     from ..report.figures import _save
     df = _load(results, frame)
-    ab = ablation(df)
+    # every run's rows (not the newest per point): the ablation takes each model's steps from one run
+    ab = ablation(df if frame is not None else e2e_points(load_frame(results, latest=False)))
     if not any(a["speedup"] or a["step_speedup"] for a in ab):
         raise UserError("fig14 needs ok decode rows of hf and hina at batch 1")
     models = list(dict.fromkeys(a["model"] for a in ab))
