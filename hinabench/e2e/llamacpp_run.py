@@ -21,7 +21,10 @@ matrix product on ggml's plain CPU kernels. The harness asks for it only after t
 with SIGSEGV or SIGILL (run._run_peer): on the first AMX Xeon (intel-f6m167) the Q8_0 engine's AMX buffer
 (attention, router and output weights repacked for tiles) crashes in ggml_backend_amx_mul_mat at the
 first eval (gdb; llama.cpp issue 20824, "works fine on another machine", closed without a fix); on the
-second (intel-f6m207) the same engine dies with SIGILL 3 s in.
+second (intel-f6m207) the same engine dies with SIGILL 3 s in, at `tilezero %tmm4` in
+ggml_backend_amx_mul_mat (gdb, llama-cpp-python 0.3.36), also with the process's AMX permission
+requested first (arch_prctl ARCH_REQ_XCOMP_PERM returned 0): a tile instruction with no tile
+configuration loaded in that thread.
 """
 import sys
 import time
