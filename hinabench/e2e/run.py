@@ -314,10 +314,9 @@ class _InProcess:
                     r["load_warning"] = f"other processes used {max(loads[eng]):.2f} CPUs during the samples"
             if p.phase == "decode" and self.pairs.get((eng, p)):
                 n2, n1 = p.layers, self.pair
-                per = [(f - c) / (n2 - n1) * 1e3 for f, c in self.pairs[(eng, p)]]
-                mid = median(per)
-                r.update(paired_layers=n1, paired_per_layer_ms=mid, paired_mad_ms=median([abs(x - mid) for x in per]),
-                         paired_rounds=len(per), paired_t1_ms=1e3 * median([c for _, c in self.pairs[(eng, p)]]))
+                per = summarize([(f - c) / (n2 - n1) for f, c in self.pairs[(eng, p)]])   # seconds in, ms out
+                r.update(paired_layers=n1, paired_per_layer_ms=per["median_ms"], paired_mad_ms=per["mad_ms"],
+                         paired_rounds=per["samples"], paired_t1_ms=1e3 * median([c for _, c in self.pairs[(eng, p)]]))
             if p.phase == "decode":
                 sh = self.shares[(eng, p.batch)]
                 touched = sh["experts_touched"]
@@ -398,14 +397,14 @@ def _run_peer(cfg, ck, ref, problems, echo, envs, engine: str, hf_lp: float | No
             echo(f"  {engine}: {time.time() - t0:.0f} s" + (f", error: {res['error']}" if "error" in res else ""))
             return proc.returncode, res, max(0.0, lm.other_cpus - own_cpus)
 
-        rc0, res, other_cpus = attempt()
-        rc = rc0
+        rc, res, other_cpus = attempt()
         if engine.startswith("llamacpp:") and rc in (-signal.SIGSEGV, -signal.SIGILL) and not rs.exists():
             # llama.cpp's AMX buffer crashes on some AMX CPUs (llamacpp_run.py): once more without it
+            died = signal.Signals(-rc).name
             req["extra_bufts"] = False
             rq.write_text(json.dumps(req))
-            rc, res, other_cpus = attempt()
-            res["note"] = (f"its default load died with {signal.Signals(-rc0).name} (llama.cpp's AMX buffer: SIGSEGV "
+            _, res, other_cpus = attempt()
+            res["note"] = (f"its default load died with {died} (llama.cpp's AMX buffer: SIGSEGV "
                            "in ggml_backend_amx_mul_mat at the first eval on the first AMX Xeon, intel-f6m167, llama.cpp issue "
                            "20824; SIGILL on intel-f6m207); measured with its extra buffer types off "
                            "(use_extra_bufts=false: no AMX or CPU repacking)")
