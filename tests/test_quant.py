@@ -185,22 +185,33 @@ def test_int8_many_tokens_with_k_in_blocks(isa):
 
 
 @pytest.mark.parametrize("isa", FP8_ISAS)
-@pytest.mark.parametrize("which", ["finite", "subnormal"])
-def test_fp8_kernels_read_every_e4m3_value(isa, which):
+@pytest.mark.parametrize("which", ["finite", "subnormal", "sprinkled"])
+@pytest.mark.parametrize("T", [2, 3])
+def test_fp8_kernels_read_every_e4m3_value(isa, which, T):
     """Every finite e4m3 byte (zeros of both signs, the subnormals m * 2^-9, the largest, 448) in the
     weights of each FP8 path, which turn them into fp32 or bf16 each its own way (the AVX-512 one
     and the AMX unpack by byte tables); and weights of subnormals and zeros only, where a wrong value
     of theirs is not lost among the larger ones. Their block scale is 64 there: until 2026-12-03 the
     AVX2 kernel's bit move computed with the weights 2^-120 lower, so a subnormal e4m3 was an fp32
     subnormal in it, and with the ~1e-8 intermediates a 1/448 scale gives, its products underflowed
-    (rel_err 0.88); its fp16 step (weights 2^-8 lower, fp32 normals) does not."""
-    E, H, I, T = 1, 256, 128, 3
-    keep = (lambda b: b & 0x7F != 0x7F) if which == "finite" else (lambda b: b & 0x78 == 0)
+    (rel_err 0.88); its fp16 step (weights 2^-8 lower, fp32 normals) does not. "sprinkled": normal
+    codes with one zero or subnormal in ~300, so that the AMX few-token tiles' two conversions (shifts
+    for a row's 64 bytes of normals, tables where one has a zero exponent field) meet in one tile.
+    T = 2 and 3: the AMX FP8 kernel's few-token tiles from 2 tokens an expert."""
+    E, H, I = 1, 256, 128
+    keep = {"finite": lambda b: b & 0x7F != 0x7F, "subnormal": lambda b: b & 0x78 == 0,
+            "sprinkled": lambda b: b & 0x7F != 0x7F}[which]
     codes = torch.tensor([b for b in range(256) if keep(b)], dtype=torch.uint8)   # 254 (no NaN) or 16
     gen = torch.Generator().manual_seed(7)
     def weight(N, K):
-        q = codes[torch.randint(len(codes), (E, N, K), generator=gen)].view(torch.float8_e4m3fn)
-        scale = torch.full((E, -(-N // 128), -(-K // 128)), 1 / 448.0 if which == "finite" else 64.0)
+        q = codes[torch.randint(len(codes), (E, N, K), generator=gen)]
+        if which == "sprinkled":   # exponent fields 1..15 everywhere, then a few zeros and subnormals
+            zero_exp = torch.tensor([b for b in range(256) if b & 0x78 == 0], dtype=torch.uint8)
+            q = torch.where(q & 0x78 == 0, q | 0x08, q)
+            few = torch.rand(E, N, K, generator=gen) < 1 / 300
+            q = torch.where(few, zero_exp[torch.randint(16, (E, N, K), generator=gen)], q)
+        q = q.view(torch.float8_e4m3fn)
+        scale = torch.full((E, -(-N // 128), -(-K // 128)), 64.0 if which == "subnormal" else 1 / 448.0)
         return quant.QuantWeight("fp8", q, scale, 128)
     q13, qd = weight(2 * I, H), weight(H, I)
     assert set(q13.q.view(torch.uint8).unique().tolist()) == set(codes.tolist())

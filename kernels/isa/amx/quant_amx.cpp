@@ -240,7 +240,7 @@ void amx_down(const QDownTask& t) {
 // block: W is converted once per call, not once per token group. Nothing persistent is repacked.
 // The tokens are bf16 VNNI pairs (the BF16 kernel's B layout); the SiLU(gate)*up intermediate is
 // rounded to bf16 for the down projection, as the BF16 kernels do.
-// With M <= 4 tokens an expert runs on the AVX-512 FP8 kernel (quant_avx512.cpp; M = 3-4 now on the
+// With M <= 4 tokens an expert runs on the AVX-512 FP8 kernel (quant_avx512.cpp; M = 2-4 now on the
 // converted tiles below, f8_few) instead: there the
 // unpack pass would cost as much as the dot products it feeds (the tiles at T = 2 / 4 for Qwen3-30B-A3B:
 // 3.5 / 3.5 ms against 2.1 / 3.0; 2026-12-01). The AVX2 FP8 kernel, which ran them before, measured
@@ -469,55 +469,114 @@ constexpr auto amxf8_down = f8_down<amxf8_mm>;
 // a floor of ~28 ps a weight, where INT8's whole call costs ~25 from the L3. In the kernel the images
 // two steps ahead (three buffers) measured 0.98-0.99x the time from DRAM and 1.00-1.03x from the L3,
 // and not kept: the time is the stream's plus the conversion's, as for the other kernels here.
+// Since 2026-12-06 the conversion is by shifts where a row's 64 bytes are all normals (f8f_convert,
+// below) and each row's line two steps ahead is prefetched into L1, and M = 2 takes the tiles too:
+// Qwen3-30B-A3B M = 2 / 3 / 4 0.96 / 0.86 / 0.87x the time from DRAM, Mixtral-8x7B 0.97 / 0.94 / 1.01x
+// (see f8f_convert for the method and the steps).
 constexpr int kF8FewMaxM = 4;
 #if defined(HINA_EMU_AMX)
 constexpr int kF8FewMinM = 1;   // the emulated build takes the tiles for every M <= 4: the same tests run them
 #else
-constexpr int kF8FewMinM = 3;
+constexpr int kF8FewMinM = 2;
 #endif
 inline bool f8_few(int M, int K) { return M >= kF8FewMinM && M <= kF8FewMaxM && K % 64 == 0; }
-// K element of pair p (its first of two) in chunk c of 32: chunk 2b + t of 64-block b holds the weights of
-// the t-th unpack (t = 0: 16L + e, t = 1: 16L + 8 + e), in word order
-inline int64_t f8f_elem(int c, int p) { return 64 * int64_t(c >> 1) + 16 * (p >> 2) + 2 * (p & 3) + 8 * (c & 1); }
+// The images hold the weights times 2^-kF8fDown and the tokens arrive times 2^kF8fUp, so that a normal
+// e4m3 byte becomes its image word by shifts, a mask and one add, no table (below); the block scale
+// takes the 2^(kF8fDown - kF8fUp) back. Every e4m3 value times 2^-117 is a bf16 normal (the smallest
+// subnormal, 2^-9, lands on 2^-126), which the tile unit reads (it treats subnormal inputs as zero);
+// a product of the two is the true one times 2^-61, an fp32 normal down to |w x| = 2^-65. A token
+// overflows only past 2^72.
+constexpr int kF8fDown = 117, kF8fUp = 56;
+constexpr float kF8fUnscale = 2305843009213693952.0f;   // 2^61 = 2^(kF8fDown - kF8fUp)
+static_assert(kF8fUnscale == float(1ull << (kF8fDown - kF8fUp)), "the block scale's factor");
+// K element of pair p (its first; the second is 2 further) in chunk c of 32: chunk 2b + t of 64-block b
+// holds the weights 64b + 2j + t in its word j (image t: the even bytes of the 64, then the odd ones)
+inline int64_t f8f_elem(int c, int p) { return 64 * int64_t(c >> 1) + 4 * p + (c & 1); }
 size_t amxf8f_packed_bytes(int M, int K, int) { return size_t(K) * M * sizeof(bf16_t); }
-// d in that layout from at(m, e): token m's element e as bf16
+// d in that layout from at(m, e): token m's element e as fp32 (times 2^kF8fUp here, rounded to bf16)
 template <class At>
 void f8f_pack(int M, int K, bf16_t* d, At at) {
+  constexpr float up = float(1ull << kF8fUp);
   for (int c = 0; c < K / 32; ++c)
     for (int p = 0; p < 16; ++p)
       for (int m = 0; m < M; ++m) {
         const int64_t e = f8f_elem(c, p);
         bf16_t* o = d + ((int64_t(c) * 16 + p) * M + m) * 2;
-        o[0] = at(m, e);
-        o[1] = at(m, e + 1);
+        o[0] = f32_to_bf16(at(m, e) * up);
+        o[1] = f32_to_bf16(at(m, e + 2) * up);
       }
 }
 void amxf8f_pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, int, void* I) {
-  f8f_pack(M, K, static_cast<bf16_t*>(I), [&](int m, int64_t e) { return x[int64_t(rows[m]) * ldx + e]; });
+  f8f_pack(M, K, static_cast<bf16_t*>(I), [&](int m, int64_t e) { return bf16_to_f32(x[int64_t(rows[m]) * ldx + e]); });
 }
 void amxf8f_pack_act(const float* act, int M, int K, int, void* out) {
-  f8f_pack(M, K, static_cast<bf16_t*>(out), [&](int m, int64_t e) { return f32_to_bf16(act[int64_t(m) * K + e]); });
+  f8f_pack(M, K, static_cast<bf16_t*>(out), [&](int m, int64_t e) { return act[int64_t(m) * K + e]; });
 }
 
 // rows [0, rows) of a tile, 64 weights each from src[r] + k, into the two A images (see above)
 inline void f8f_convert_scalar(const uint8_t* const* src, int rows, int64_t k, bf16_t* img0, bf16_t* img1) {
-  auto bf = [](uint8_t b) { return f32_to_bf16(f8_bit_move(b) * kTwo120); };   // exact
+  constexpr float down = 1.0f / float(1ull << 58) / float(1ull << 59);   // 2^-117
+  static_assert(kF8fDown == 58 + 59, "the scalar conversion's factor");
+  auto bf = [&](uint8_t b) { return f32_to_bf16(f8_bit_move(b) * kTwo120 * down); };   // exact
   for (int r = 0; r < rows; ++r)
-    for (int w = 0; w < 32; ++w) {
-      const int e = 16 * (w >> 3) + (w & 7);
-      img0[r * 32 + w] = bf(src[r][k + e]);
-      img1[r * 32 + w] = bf(src[r][k + e + 8]);
+    for (int j = 0; j < 32; ++j) {
+      img0[r * 32 + j] = bf(src[r][k + 2 * j]);
+      img1[r * 32 + j] = bf(src[r][k + 2 * j + 1]);
     }
 }
 #if !defined(HINA_EMU_AMX)
+alignas(64) constexpr F8Lut kF8LutDown = make_f8_lut(kF8fDown);
+constexpr int kF8fAheadL1 = 128;   // the rows' line two steps ahead, into L1 (see f8f_convert)
+// A row's 64 bytes b, read as 32 words: byte 2j (the low one) of word j becomes word j of image 0 as
+// (b << 8) >> 4 (arithmetic: the sign fills bits 11..15), masked to the sign and the 7 bits of exponent
+// and mantissa now at bf16's bits 4..10 (the e4m3 exponent field is bf16's low 4), plus 3 in the
+// exponent: the value times 2^-117. The high byte 2j + 1 likewise by b >> 4. Right for every byte
+// whose exponent field is not 0; a row with one that is (a zero or a subnormal) takes the tables of
+// the values times 2^-117 (f8_bytes), put into the same order. NaN (0x7F, 0xFF) reads as 480: e4m3fn
+// weights hold no NaN (quantize_fp8 clamps; a checkpoint with one is corrupt).
+// Measured (2026-12-06, the AMX Xeon family 6 model 207, 2 threads, every token on the same top-k
+// experts, weights rotated past the L3 (~0.7 GB) or one copy re-read ("L3"); each build in its own
+// process, 3-4 alternated processes of 5 rounds, medians; the same modules loaded side by side in one
+// process turned out to be one module: Python keeps the first extension of a name), against the tables
+// with no L1 prefetch and M = 2 on the AVX-512 FP8 kernel:
+//   - the shifts alone: Qwen3-30B-A3B M = 3 / 4 0.93-1.17x the time (within the runs' spread); the L1
+//     prefetch alone, with the tables (put into this order by two blends): 1.01-1.08x; both: 0.73-0.91x.
+//     perf had put the step's samples on the first use of each row's load (the rows come from L2 at
+//     best: the next tile's prefetch), and the prefetch alone leaves port 5 (the tables' permutes and
+//     unpacks) the bound;
+//   - the L1 distance: 64 bytes 0.86-0.94x, 128 0.73-0.91x, 192 0.79-1.02x, 256 0.77-0.98x, 512
+//     0.96-1.04x (T = 3, 4, both residencies);
+//   - M = 2 on the tiles (with both): Qwen3-30B-A3B 0.95x from DRAM, 0.80x from the L3, Mixtral-8x7B
+//     0.97x; M = 1 stays on the vector kernel (the tiles 1.12x the time from DRAM);
+//   - the images converted two steps ahead (three or four buffers) instead of one: 1.00-1.21x, not kept;
+//     nor an L1 prefetch of the INT8 decode tiles' rows (quant_avx512.cpp's vnni_tile / vnni_tilep, 128
+//     or 256 bytes ahead: Qwen3-30B-A3B T = 1 / 2 / 4 0.98-1.09x).
+//   As built: Qwen3-30B-A3B T = 1 / 2 / 3 / 4 1.41 / 1.61 / 1.65 / 1.68 ms from DRAM against 1.41 /
+//   1.67 / 1.92 / 1.93 before (INT8 in the next run 1.42 / 1.41 / 1.45 / 1.48), Mixtral-8x7B 13.0 /
+//   13.1 / 13.4 / 14.0 against 12.4 / 13.5 / 14.2 / 13.8 (T = 1: the same code; the runs' spread).
 HINA_VBMI inline void f8f_convert(const uint8_t* const* src, int rows, int64_t k, const F8Tables& tab, bf16_t* img0,
                                   bf16_t* img1, const uint8_t* const* nxt, int nrows) {
+  const __m512i expo = _mm512_set1_epi8(0x78);
+  const __m512i keep = _mm512_set1_epi16(int16_t(0x87F0));
+  const __m512i bias = _mm512_set1_epi16(int16_t((kF8fDown <= 120 ? 120 - kF8fDown : 0) << 7));
+  static_assert(kF8fDown <= 120, "the shifts' values are 2^-120 of the weights: only a rise fits an add");
   for (int r = 0; r < rows; ++r) {
     if (r < nrows) _mm_prefetch(reinterpret_cast<const char*>(nxt[r] + k), _MM_HINT_T1);
-    __m512i h, l;
-    f8_bytes(_mm512_loadu_si512(src[r] + k), tab, h, l);
-    _mm512_store_si512(img0 + r * 32, _mm512_unpacklo_epi8(l, h));
-    _mm512_store_si512(img1 + r * 32, _mm512_unpackhi_epi8(l, h));
+    _mm_prefetch(reinterpret_cast<const char*>(src[r] + k + kF8fAheadL1), _MM_HINT_T0);
+    const __m512i b = _mm512_loadu_si512(src[r] + k);
+    __m512i e, o;
+    if (__builtin_expect(_mm512_testn_epi8_mask(b, expo) == 0, 1)) {
+      e = _mm512_add_epi16(_mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(b, 8), 4), keep), bias);
+      o = _mm512_add_epi16(_mm512_and_si512(_mm512_srai_epi16(b, 4), keep), bias);
+    } else {
+      __m512i h, l;
+      f8_bytes(b, tab, h, l);
+      constexpr __mmask64 odd = 0xAAAAAAAAAAAAAAAAull;
+      e = _mm512_mask_blend_epi8(odd, l, _mm512_slli_epi16(h, 8));
+      o = _mm512_mask_blend_epi8(odd, _mm512_srli_epi16(l, 8), h);
+    }
+    _mm512_store_si512(img0 + r * 32, e);
+    _mm512_store_si512(img1 + r * 32, o);
   }
 }
 #endif
@@ -531,7 +590,7 @@ void amxf8f_mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int 
   const bf16_t* X = static_cast<const bf16_t*>(I);
 #if !defined(HINA_EMU_AMX)
   static const bool vbmi = cpu_features().avx512_vbmi;
-  const F8Tables tab;
+  const F8Tables tab(kF8LutDown);
 #endif
   alignas(64) bf16_t img[2][2][16 * 32];
   alignas(64) float C[2][16 * 16];
@@ -589,11 +648,11 @@ void amxf8f_mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int 
       _tile_stored(5, C[1], 4 * M);
       const int64_t sb = k0 / 128;
       if (one_block) {
-        const float sc = s0[int64_t((n0 + r0) / 128) * lds + sb];
+        const float sc = s0[int64_t((n0 + r0) / 128) * lds + sb] * kF8fUnscale;
         for (int i = 0; i < rows * M; ++i) acc[i] += sc * (C[0][i] + C[1][i]);
       } else {
         for (int r = 0; r < rows; ++r) {
-          const float sc = s0[int64_t((n0 + r0 + r) / 128) * lds + sb];
+          const float sc = s0[int64_t((n0 + r0 + r) / 128) * lds + sb] * kF8fUnscale;
           for (int m = 0; m < M; ++m) acc[r * M + m] += sc * (C[0][r * M + m] + C[1][r * M + m]);
         }
       }
@@ -661,8 +720,8 @@ struct ByTokens {
     return {"amx", dtype, "amx", /*task_rows=*/256, packed_bytes, pack_tokens, pack_act, gate_up, down};
   }
 };
-// INT8: M <= 8 on the AVX-512 VNNI kernel; FP8: M <= 2 on the AVX-512 FP8 kernel (quant_avx512.cpp), M = 3-4
-// on the converted tiles (f8_few, above), the W-block tiles from 5. FP8's
+// INT8: M <= 8 on the AVX-512 VNNI kernel; FP8: M = 1 on the AVX-512 FP8 kernel (quant_avx512.cpp), M = 2-4
+// on the converted tiles (f8_few, above; M = 2 since 2026-12-06), the W-block tiles from 5. FP8's W-block
 // tiles from M = 2 instead (2026-12-02, Qwen3-30B-A3B shapes, all 8 experts, from DRAM, builds alternated
 // twice): T = 2 3.86-3.91 ms against 2.19-2.23, T = 4 3.78-3.80 against 3.11.
 // INT8's split was at M <= 4 until the VNNI kernel gained its 8-token tiles' pair packing and prefetch;

@@ -32,11 +32,17 @@ struct F8Lut {
   alignas(64) uint8_t lo[128];
   alignas(64) uint8_t f32[4][64]; // fp32 of weight 16q + j in dword j: bytes 2, 3 <- lo, hi (0, 1: masked)
 };
-constexpr F8Lut make_f8_lut() {
+// down: the table of each value times 2^-down (exact for down <= 117: the smallest subnormal, 2^-9,
+// stays a bf16 normal), the AMX few-token tiles' (quant_amx.cpp)
+constexpr uint16_t f8_bf16_bits_down(int m, int down) {
+  const uint16_t b = f8_bf16_bits(m);
+  return b == 0 || m == 0x7F ? b : uint16_t(b - (down << 7));
+}
+constexpr F8Lut make_f8_lut(int down = 0) {
   F8Lut t{};
   for (int m = 0; m < 128; ++m) {
-    t.hi[m] = uint8_t(f8_bf16_bits(m) >> 8);
-    t.lo[m] = uint8_t(f8_bf16_bits(m) & 0xFF);
+    t.hi[m] = uint8_t(f8_bf16_bits_down(m, down) >> 8);
+    t.lo[m] = uint8_t(f8_bf16_bits_down(m, down) & 0xFF);
   }
   for (int i = 0; i < 64; ++i)
     for (int q = 0; q < 4; ++q) t.f32[q][i] = uint8_t((i % 4 == 3 ? 64 : 0) + 16 * q + i / 4);
@@ -47,9 +53,9 @@ alignas(64) constexpr F8Lut kF8Lut = make_f8_lut();
 // The lookup tables in registers, loaded once per call of a kernel.
 struct F8Tables {
   __m512i hi0, hi1, lo0, lo1;
-  F8Tables()
-      : hi0(_mm512_load_si512(kF8Lut.hi)), hi1(_mm512_load_si512(kF8Lut.hi + 64)),
-        lo0(_mm512_load_si512(kF8Lut.lo)), lo1(_mm512_load_si512(kF8Lut.lo + 64)) {}
+  explicit F8Tables(const F8Lut& t = kF8Lut)
+      : hi0(_mm512_load_si512(t.hi)), hi1(_mm512_load_si512(t.hi + 64)),
+        lo0(_mm512_load_si512(t.lo)), lo1(_mm512_load_si512(t.lo + 64)) {}
 };
 // e4m3 bytes b (64, or 32 in the low half) -> the high and low bytes of their bf16s
 HINA_VBMI inline void f8_bytes(__m512i b, const F8Tables& t, __m512i& h, __m512i& l) {
