@@ -62,6 +62,11 @@
 // Tried and not kept: at M <= 16, two sets of operand tiles ((tmm0, tmm2, tmm3) and (tmm1, tmm5, tmm7))
 // in alternate K blocks, so that block kb+1's loads need not wait for block kb's products to release
 // their tiles: from L3 T = 1 / 16 0.95-1.02x / 0.92-1.00x, from DRAM T = 1 / 4 0.97-1.03x / 0.87-0.96x.
+// Tried 2026-12-06 (AMX Xeon family 6 model 207, 2 threads, each build in its own process, 2-3 alternated
+// processes of 5 rounds) and not kept: each K step prefetching its 32 W rows 256 or 1024 bytes ahead into
+// L1 (what the INT8 and FP8 tiles of quant_amx.cpp gained from): Qwen3-30B-A3B T = 8 / 16 / 64 from DRAM
+// 1.03 / 1.02 / 1.00x the time (256) and 1.11 / 1.15 / 1.32x (1024), from the L3 1.07-1.27x;
+// Mixtral-8x7B T = 16 / 64 0.99-1.01x (256), 1.02-1.07x (1024).
 #include "isa/amx/tiles.h"
 
 #include "glue.h"
