@@ -516,6 +516,12 @@ struct VnniKn {
   // no compensation vpdpbusd on 512-bit vectors 0.94x, the next tile's scales prefetched 0.99x, the L2
   // prefetch per 64-byte step 0.98x. The group's epilogue (convert, scale, add) is the largest piece.
   // Phases alone (the other skipped): gate/up 0.89 ms against the stream's 0.77, down 0.46 against 0.36.
+  // Tried 2026-12-06 (the AMX Xeon family 6 model 207, Qwen3-30B-A3B, 2 threads, each build in its own
+  // process, 3 alternated processes of 5 rounds) and not kept: each group's step prefetching the tile's
+  // own rows 128 or 256 bytes ahead into L1 (T = 1 / 2 / 4 0.98-1.09x the time); 2 rows with the L2
+  // prefetch at T = 1, 2 (1.00 / 1.09x from DRAM, 1.08 / 1.01x from the L3); Zen 5's blocking (2 rows, no
+  // prefetch at T = 1, 2) from DRAM 1.26 / 1.13x the time, from the L3 0.90 / 0.90x: the L2 prefetch is
+  // what the DRAM stream needs here.
   static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 4, 4}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
                                        /*spread=*/true};
   static constexpr int task_rows = 256;
