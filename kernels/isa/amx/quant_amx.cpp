@@ -594,7 +594,10 @@ HINA_VBMI inline void f8f_convert(const uint8_t* const* src, int rows, int64_t k
 // c[j * M + m] for rows j < n of the fp8 matrix (row 0 at w0 + n0 * ldw) x all M (<= 4) tokens.
 // Software-pipelined: the next 64 weights of the tile's rows are converted into the other pair of
 // images while the tile unit works on this pair (a tile load waits for the vector stores it reads to
-// reach L1), and the two products of a step accumulate in two tiles (no chain between them).
+// reach L1). The two products of a step accumulate in one tile: they were two (no chain between them),
+// whose two stores and sums per 128 of K cost more than the chain (2026-12-06, the AMX Xeon model 207,
+// each build in its own process, 3-4 alternated processes: one tile 0.95-0.98x the time at Qwen3-30B-A3B
+// T = 2 / 4 from DRAM and the L3, 0.96-0.98x at Mixtral-8x7B).
 void amxf8f_mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int n0, int n, const void* I, int M,
                int K, float* c) {
   const bf16_t* X = static_cast<const bf16_t*>(I);
@@ -603,7 +606,7 @@ void amxf8f_mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int 
   const F8Tables tab(kF8LutDown);
 #endif
   alignas(64) bf16_t img[2][2][16 * 32];
-  alignas(64) float C[2][16 * 16];
+  alignas(64) float C[16 * 16];
   alignas(64) float acc[16 * 16];
   const uint8_t* src[16];
   const uint8_t* nxt[16];   // the next tile's rows: the same 64 bytes of each prefetched as this tile converts
@@ -626,8 +629,7 @@ void amxf8f_mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int 
       set(1, rows, 64);
       set(2, 16, 4 * M);         // tmm2, tmm3: the token chunks (B)
       set(3, 16, 4 * M);
-      set(4, rows, 4 * M);       // tmm4, tmm5: a 128-block's products, one per image
-      set(5, rows, 4 * M);
+      set(4, rows, 4 * M);       // tmm4: a 128-block's products
       _tile_loadconfig(&cfg);
       cfg_rows = rows;
     }
@@ -642,7 +644,6 @@ void amxf8f_mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int 
     convert(rows, 0, img[0][0], img[0][1]);
     for (int64_t k0 = 0; k0 < K; k0 += 128) {
       _tile_zero(4);
-      _tile_zero(5);
       const int64_t k1 = K - k0 < 128 ? K : k0 + 128;
       for (int64_t k = k0; k < k1; k += 64) {
         _tile_loadd(0, img[cur][0], 64);
@@ -650,20 +651,19 @@ void amxf8f_mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int 
         _tile_dpbf16ps(4, 0, 2);
         _tile_loadd(1, img[cur][1], 64);
         _tile_loadd(3, X + (k / 32 + 1) * chunk, 4 * M);
-        _tile_dpbf16ps(5, 1, 3);
+        _tile_dpbf16ps(4, 1, 3);
         if (k + 64 < K) convert(rows, k + 64, img[cur ^ 1][0], img[cur ^ 1][1]);
         cur ^= 1;
       }
-      _tile_stored(4, C[0], 4 * M);   // rows x M fp32, dense
-      _tile_stored(5, C[1], 4 * M);
+      _tile_stored(4, C, 4 * M);   // rows x M fp32, dense
       const int64_t sb = k0 / 128;
       if (one_block) {
         const float sc = s0[int64_t((n0 + r0) / 128) * lds + sb] * kF8fUnscale;
-        for (int i = 0; i < rows * M; ++i) acc[i] += sc * (C[0][i] + C[1][i]);
+        for (int i = 0; i < rows * M; ++i) acc[i] += sc * C[i];
       } else {
         for (int r = 0; r < rows; ++r) {
           const float sc = s0[int64_t((n0 + r0 + r) / 128) * lds + sb] * kF8fUnscale;
-          for (int m = 0; m < M; ++m) acc[r * M + m] += sc * (C[0][r * M + m] + C[1][r * M + m]);
+          for (int m = 0; m < M; ++m) acc[r * M + m] += sc * C[r * M + m];
         }
       }
     }
