@@ -568,8 +568,8 @@ HINA_VBMI inline void f8f_convert(const uint8_t* const* src, int rows, int64_t k
                                   bf16_t* img1, const uint8_t* const* nxt, int nrows) {
   const __m512i expo = _mm512_set1_epi8(0x78);
   const __m512i keep = _mm512_set1_epi16(int16_t(0x87F0));
-  const __m512i bias = _mm512_set1_epi16(int16_t((kF8fDown <= 120 ? 120 - kF8fDown : 0) << 7));
   static_assert(kF8fDown <= 120, "the shifts' values are 2^-120 of the weights: only a rise fits an add");
+  const __m512i bias = _mm512_set1_epi16(int16_t((120 - kF8fDown) << 7));
   for (int r = 0; r < rows; ++r) {
     if (r < nrows) _mm_prefetch(reinterpret_cast<const char*>(nxt[r] + k), _MM_HINT_T1);
     _mm_prefetch(reinterpret_cast<const char*>(src[r] + k + kF8fAheadL1), _MM_HINT_T0);
