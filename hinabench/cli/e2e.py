@@ -65,8 +65,9 @@ def e2e(model_names, layers, prompt, gen, batch, engines, prefill, prefill_engin
         return
     if tables_from:
         from ..e2e.figures import tables
-        from ..harness.store import load_frame
-        click.echo(tables(load_frame(tables_from), runs=load_frame(tables_from, latest=False)))
+        from ..harness.store import latest_per_point, load_frame
+        every = load_frame(tables_from, latest=False)   # the files read once; the newest per point from them
+        click.echo(tables(latest_per_point(every), runs=every))
         return
     from ..e2e.checkpoint import checkpoint
     models = names(model_names) or []

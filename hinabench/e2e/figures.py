@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 from ..errors import UserError
-from ..harness.store import load_frame
+from ..harness.store import latest_per_point, load_frame
 from .engines import HINA, INT8
 
 NUM = ("layers", "batch_size", "prompt_tokens", "gen_tokens", "full_layers", "median_ms", "mad_ms", "tokens_per_s",
@@ -381,9 +381,11 @@ def fig14(results: list[str], out_dir: str | None = None, frame=None) -> list[Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from ..report.figures import _save
-    df = _load(results, frame)
-    # every run's rows (not the newest per point): the ablation takes each model's steps from one run
-    ab = ablation(df if frame is not None else e2e_points(load_frame(results, latest=False)))
+    # every run's rows (not the newest per point): the ablation takes each model's steps from one run;
+    # the files read once, the newest per point (the other figures' rows, the caption's) derived from them
+    every = None if frame is not None else load_frame(results, latest=False)
+    df = _load(results, frame if every is None else latest_per_point(every))
+    ab = ablation(df if every is None else e2e_points(every))
     if not any(a["speedup"] or a["step_speedup"] for a in ab):
         raise UserError("fig14 needs ok decode rows of hf and hina at batch 1")
     models = list(dict.fromkeys(a["model"] for a in ab))

@@ -38,6 +38,7 @@
 // emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated").
 #include "isa/amx/tiles.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "common.h"      // cpu_features (cpu.cpp)
@@ -497,8 +498,7 @@ inline bool f8_few(int M, int K) { return M >= kF8FewMinM && M <= kF8FewMaxM && 
 // a product of the two is the true one times 2^-61, an fp32 normal down to |w x| = 2^-65. A token
 // overflows only past 2^72.
 constexpr int kF8fDown = 117, kF8fUp = 56;
-constexpr float kF8fUnscale = 2305843009213693952.0f;   // 2^61 = 2^(kF8fDown - kF8fUp)
-static_assert(kF8fUnscale == float(1ull << (kF8fDown - kF8fUp)), "the block scale's factor");
+constexpr float kF8fUnscale = float(1ull << (kF8fDown - kF8fUp));   // 2^61: the block scale's factor
 // K element of pair p (its first; the second is 2 further) in chunk c of 32: chunk 2b + t of 64-block b
 // holds the weights 64b + 2j + t in its word j (image t: the even bytes of the 64, then the odd ones)
 inline int64_t f8f_elem(int c, int p) { return 64 * int64_t(c >> 1) + 4 * p + (c & 1); }
@@ -525,8 +525,7 @@ void amxf8f_pack_act(const float* act, int M, int K, int, void* out) {
 
 // rows [0, rows) of a tile, 64 weights each from src[r] + k, into the two A images (see above)
 inline void f8f_convert_scalar(const uint8_t* const* src, int rows, int64_t k, bf16_t* img0, bf16_t* img1) {
-  constexpr float down = 1.0f / float(1ull << 58) / float(1ull << 59);   // 2^-117
-  static_assert(kF8fDown == 58 + 59, "the scalar conversion's factor");
+  const float down = std::ldexp(1.0f, -kF8fDown);
   auto bf = [&](uint8_t b) { return f32_to_bf16(f8_bit_move(b) * kTwo120 * down); };   // exact
   for (int r = 0; r < rows; ++r)
     for (int j = 0; j < 32; ++j) {
