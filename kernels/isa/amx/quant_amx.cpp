@@ -181,6 +181,11 @@ constexpr int kRowSpread = 8;
 // 0.85-0.87 / 0.91 / 0.86x the time, T = 32 0.97 / 0.90x (128 / 256); Qwen3-30B-A3B from DRAM T = 16 0.96
 // / 0.94 / 0.99x (256 / 384 / 512), T = 32 0.93x (256), from the L3 1.00-1.04x (256).
 constexpr int kQ8Ahead = 256;
+// Tried and not kept (2026-12-06, same machine and method as kQ8Ahead's): two A tiles (rows r0 + rs i
+// and r0 + 1 + rs i) over each B tile, two groups in flight (four C tiles), so half the B loads per W
+// byte -- a scratch build that skipped every second B load (wrong sums) had read 0.89-0.93x the time at
+// Mixtral-8x7B T = 16: Mixtral T = 16 0.99x (DRAM), Qwen3-30B-A3B T = 16 / 32 1.14 / 1.15x. Bit-identical.
+
 
 void amx_mm(const int8_t* w0, int64_t ldw, const float* s0, int64_t lds, int n0, int n, const void* I, int M,
             int K, int group, float* c) {
@@ -739,6 +744,15 @@ struct ByTokens {
 // Mixtral-8x7B M = 5 / 6 / 8 15.35 / 15.59 / 15.50 against the tiles' 15.96 / 16.02 / 16.25, Qwen3-30B-A3B
 // M = 6 / 7 / 8 1.96 / 2.00 / 1.99 against 1.99 / 2.00 / 2.04; from M = 10 the tiles win (Qwen3 M = 10 / 12
 // 2.07 / 2.11 against 2.42 / 2.65, Mixtral M = 12 16.69 against 19.72).
+// Tried again and not kept (2026-12-06, the AMX Xeon family 6 model 207, 2 threads, each build in its own
+// process, 3 alternated processes of 5 rounds, weights rotated past the L3 or one copy re-read; a noisy
+// day: the base build's processes read up to 20% apart): the tiles (as they are now, with the L1
+// prefetch) for every M, Qwen3-30B-A3B T = 1 / 2 / 4 1.01 / 1.04 / 1.00x the VNNI kernel's time from
+// DRAM and 1.18 / 1.20 / 1.11x from the L3; with the few-token B tiles packed dense (stride 4 M bytes:
+// one line a step, not 16; perf had put a fifth of the tiles' samples after the B loads) 1.17 / 1.04 /
+// 1.04x and 1.11 / 1.07 / 1.11x; with an epilogue for M <= 4 over dense C stores (one gather of the 16
+// rows' scales a group, M vectors) no better: T = 1 0.99 / 1.18x, T = 2 / 4 1.22-1.77x (cause not
+// pinned down; the C tiles' rows then 4 M bytes apart, several rows a line).
 using Int8ByTokens = ByTokens<quant_microkernel_avx512_int8, amx_int8_tiles, 8>;
 using Fp8ByTokens = ByTokens<quant_microkernel_avx512_fp8, amx_fp8_tiles, 4>;
 const QuantMicroKernel amx_fp8_vec_or_tiles = Fp8ByTokens::entry(Dtype::fp8);
