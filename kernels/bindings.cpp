@@ -409,6 +409,17 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("buffers"), py::arg("threads"), py::arg("variant"),
       "Read every (address, bytes) buffer once with `threads` threads; returns seconds.");
+  m.def(
+      "stream_work_pass",
+      [](uintptr_t p, size_t bytes, int threads, int work, int64_t ahead, int repeat) {
+        py::gil_scoped_release release;
+        return stream_work_pass(reinterpret_cast<const void*>(p), bytes, threads, work, ahead, repeat);
+      },
+      py::arg("address"), py::arg("bytes"), py::arg("threads"), py::arg("work"), py::arg("ahead") = 0,
+      py::arg("repeat") = 1,
+      "The overlap probe: `threads` threads sweep their shares of the buffer `repeat` times, `work` rounds "
+      "of 8 FMAs (128 FLOP) per 64-byte line on the line's values, a prefetch `ahead` bytes ahead per line "
+      "when ahead > 0; returns seconds.");
   m.def("peak_units", &peak_units);
   m.def(
       "peak_flops",

@@ -32,6 +32,12 @@ struct Buffer { const void* ptr; size_t bytes; };
 double read_pass(const std::vector<Buffer>& bufs, int threads, const std::string& variant);
 std::vector<std::string> read_variants();  // the kernels usable on this CPU
 
+// The overlap probe: every thread sweeps its share of [p, p + bytes) `repeat` times with `work` rounds
+// of FMAs per 64-byte line that take the line as operand (probes_avx2.cpp) and, with ahead > 0, a
+// prefetch `ahead` bytes ahead per line; returns seconds. AVX2 + FMA (every CPU hinabench targets).
+double stream_work_pass(const void* p, size_t bytes, int threads, int work, int64_t ahead, int repeat);
+uint64_t stream_work_avx2(const uint8_t* p, size_t n, int work, size_t ahead);
+
 // A register-only FMA loop; returns FLOP/s.
 double peak_flops(const std::string& unit, int threads, double seconds);
 std::vector<std::string> peak_units();      // units usable on this CPU

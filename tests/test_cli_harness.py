@@ -87,6 +87,9 @@ def test_json_output(tmp_results):
     (["ffn", "--resume"], "--resume needs --out"),
     (["ffn", "--out", "/proc/hinabench.csv", "--backends", "torch"], "is not writable"),
     (["bandwidth", "--size", "1"], "under 4x the last-level cache"),
+    (["overlap", "--size", "1"], "under 4x the last-level cache"),
+    (["overlap", "--work", "1,-2"], "--work values must be >= 0 (got -2)"),
+    (["overlap", "--ahead", "x"], "--ahead must be a comma-separated list"),
     (["suite", "run", "/nonexistent.toml"], "no suite file"),
     (["figure", "fig10", "/nonexistent.csv"], "no results file"),
 ])
@@ -192,6 +195,29 @@ def test_models_bandwidth_peak_commands():
     assert all(row["best_gbps"] > 0.5 for row in rows)
     r = invoke("peak", "--threads", "1", "--json")
     assert any(row["roofline_unit"] for row in json.loads(r.output))
+
+
+def test_overlap_probe():
+    from hinabench.machine import probes
+    # the model: B = 20, C = 10 GB/s; serial 1/R = 0.15, overlapped 0.1
+    assert probes.overlap_fraction(20, 10, 10) == pytest.approx(1.0)
+    assert probes.overlap_fraction(20, 10, 1 / 0.15) == pytest.approx(0.0)
+    assert probes.overlap_fraction(20, 10, 8) == pytest.approx(0.5)
+    assert probes.overlap_fraction(10, 20, 8) == pytest.approx(0.5)     # symmetric in B and C
+    # the loop: more work per line is slower on an L1-resident buffer; a prefetch past the end is harmless
+    import torch
+    buf = torch.ones(probes.OVERLAP_L1_BYTES, dtype=torch.bfloat16)
+    c0, c8 = (probes.compute_only_gbps(buf.data_ptr(), 1, w, seconds=0.01) for w in (0, 8))
+    assert c0 > c8 > 0
+    assert probes.stream_work_gbps(buf.data_ptr(), buf.numel() * 2, 2, 1, ahead=1 << 20) > 0
+    from hinabench.machine.sysinfo import llc_bytes
+    size = max(160, -(-4 * llc_bytes() // 2**20))
+    r = invoke("overlap", "--threads", "1", "--work", "0,2", "--ahead", "0", "--size", str(size), "--passes", "1",
+               "--json")
+    rows = json.loads(r.output)
+    assert [row["work"] for row in rows] == [0, 2] and rows[0]["overlap"] is None
+    assert all(row["combined_gbps"] > 0.5 and row["compute_gbps"] > 0 for row in rows)
+    assert isinstance(rows[1]["overlap"], float)
 
 
 def test_suite_and_figure(tmp_path):

@@ -69,20 +69,16 @@ def models(as_json):
 
 
 # ---- probes -------------------------------------------------------------------------------------
-@click.command()
-@click.option("--threads", default=None, help="Thread counts, e.g. 1,2 (default: 1 and all usable CPUs).")
-@click.option("--size", "size_mib", default=1024, show_default=True, type=int, help="Buffer MiB.")
-@click.option("--passes", default=5, show_default=True, type=int)
-@format_option()
-@click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as --format json.")
-def bandwidth(threads, size_mib, passes, fmt, as_json):
-    """STREAM-like read bandwidth of this process, per read kernel and thread count."""
+def _dram_buffer(size_mib):
+    """A bf16 buffer of `size_mib` MiB (default: 1024, or 4x the last-level cache where that is more),
+    filled with 1.0, refused when it would sit in the cache or does not fit the memory available."""
     import torch
 
-    from ..machine import probes, sysinfo
-    from ..harness.stats import median
+    from ..machine import sysinfo
     from ..problems import fill_bf16
     llc = sysinfo.llc_bytes()
+    if size_mib is None:
+        size_mib = max(1024, -(-4 * llc // (256 << 20)) * 256)    # 4x the LLC, in whole 256 MiB
     if size_mib << 20 < 4 * llc:
         raise UserError(f"--size {size_mib} MiB is under 4x the last-level cache ({4 * llc >> 20} MiB): "
                         "it would measure the cache, not DRAM")
@@ -91,7 +87,28 @@ def bandwidth(threads, size_mib, passes, fmt, as_json):
         raise UserError(f"--size {size_mib} MiB needs more than the {avail >> 20} MiB available")
     buf = torch.empty((size_mib << 20) // 2, dtype=torch.bfloat16)
     fill_bf16(buf, 1, 1.0)
-    ts = ints(threads, "--threads") if threads else sorted({1, len(sysinfo.topology()["usable_cpus"])})
+    return buf
+
+
+def _threads(threads):
+    from ..machine import sysinfo
+    return ints(threads, "--threads") if threads else sorted({1, len(sysinfo.topology()["usable_cpus"])})
+
+
+
+@click.command()
+@click.option("--threads", default=None, help="Thread counts, e.g. 1,2 (default: 1 and all usable CPUs).")
+@click.option("--size", "size_mib", default=None, type=click.IntRange(1, None),
+              help="Buffer MiB (default: 1024, or 4x the last-level cache where that is more).")
+@click.option("--passes", default=5, show_default=True, type=click.IntRange(1, 1000))
+@format_option()
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as --format json.")
+def bandwidth(threads, size_mib, passes, fmt, as_json):
+    """STREAM-like read bandwidth of this process, per read kernel and thread count."""
+    from ..machine import probes, sysinfo
+    from ..harness.stats import median
+    buf = _dram_buffer(size_mib)
+    ts = _threads(threads)
     rows = []
     for t in ts:
         for v in probes.read_variants():
@@ -112,7 +129,7 @@ def peak(threads, fmt, as_json):
     from ..native import load
     _C = load("_C")
     from ..machine import probes, sysinfo
-    ts = ints(threads, "--threads") if threads else sorted({1, len(sysinfo.topology()["usable_cpus"])})
+    ts = _threads(threads)
     rows = []
     m, n, k = probes.GEMM_SHAPE
     for t in ts:
@@ -124,6 +141,49 @@ def peak(threads, fmt, as_json):
     _emit(rows, "json" if as_json else fmt, "compute peak (GFLOP/s)")
 
 
+@click.command()
+@click.option("--threads", default=None, help="Thread counts, e.g. 1,2 (default: 1 and all usable CPUs).")
+@click.option("--work", default="0,1,2,4,8,16", show_default=True,
+              help="Rounds of 8 FMAs (128 FLOP) per 64-byte line: 2 FLOP per byte a round; 0 is the stream alone.")
+@click.option("--ahead", default="0,4096", show_default=True,
+              help="Software prefetch distance in bytes (prefetcht1, one line per line); 0: the hardware's alone.")
+@click.option("--size", "size_mib", default=None, type=click.IntRange(1, None),
+              help="Buffer MiB (default: 1024, or 4x the last-level cache where that is more).")
+@click.option("--passes", default=3, show_default=True, type=click.IntRange(1, 1000))
+@format_option()
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as --format json.")
+def overlap(threads, work, ahead, size_mib, passes, fmt, as_json):
+    """Whether a core's compute hides under its memory stream: a read of a DRAM-sized buffer with WORK
+    FMAs per line that wait for the line's values, against the same loop on an L1-resident buffer (compute
+    alone) and the read alone. overlap = 1: the pair runs at the slower of the two rates; 0: their times
+    add up (1/R = 1/B + 1/C), which caps a kernel whose compute is as long as its stream at half the read
+    bandwidth."""
+    from ..machine import probes
+    from ..harness.stats import median
+    works, aheads = ints(work, "--work"), ints(ahead, "--ahead")
+    for what, vals in (("--work", works), ("--ahead", aheads)):
+        if min(vals) < 0:
+            raise UserError(f"{what} values must be >= 0 (got {min(vals)})")
+    buf = _dram_buffer(size_mib)
+    addr, nbytes = buf.data_ptr(), buf.numel() * 2
+    rows = []
+    for t in _threads(threads):
+        for a in aheads:
+            stream, compute = {}, {}
+            for w in works:
+                stream[w] = median([probes.stream_work_gbps(addr, nbytes, t, w, a) for _ in range(passes)])
+                compute[w] = median([probes.compute_only_gbps(addr, t, w) for _ in range(passes)])
+            base = stream[0] if 0 in stream else median(
+                [probes.stream_work_gbps(addr, nbytes, t, 0, a) for _ in range(passes)])
+            for w in works:
+                serial = 1 / (1 / base + 1 / compute[w])
+                rows.append({"threads": t, "ahead": a, "work": w, "flop_per_byte": 2 * w,
+                             "compute_gbps": compute[w], "stream_gbps": base, "combined_gbps": stream[w],
+                             "serial_gbps": serial,
+                             "overlap": None if w == 0 else round(probes.overlap_fraction(base, compute[w], stream[w]), 2)})
+    _emit(rows, "json" if as_json else fmt, "overlap of compute and the memory stream (GB/s of lines)")
+
+
 def _emit(rows, fmt, title):
     from ..machine.sysinfo import summary
     from ..report.render import emit, plain_view
@@ -133,4 +193,4 @@ def _emit(rows, fmt, title):
     emit(rows, fmt, view, notes=[summary()] if fmt in ("table", "markdown") else [], console=console())
 
 
-COMMANDS = [sysinfo, models, bandwidth, peak]
+COMMANDS = [sysinfo, models, bandwidth, peak, overlap]

@@ -116,3 +116,35 @@ def remember_peak(fingerprint: str, threads: int, unit: str, gflops: float) -> f
         except OSError:
             pass   # a read-only home: the row still has its same-process peak
     return best
+
+
+# ---- overlap: does a core's compute hide under its memory stream? --------------------------------
+OVERLAP_L1_BYTES = 16 << 10       # per thread: the compute-only pass's buffer (in L1 on every x86 core)
+
+
+def overlap_fraction(stream_gbps: float, compute_gbps: float, combined_gbps: float) -> float:
+    """How much of the shorter of a byte's memory time (1/B) and compute time (1/C) hides under the
+    longer, from the combined rate R: 1 when R is the slower of the two alone (1/R = max), 0 when the
+    times add up (1/R = 1/B + 1/C); outside [0, 1] within the noise."""
+    tb, tc, t = 1 / stream_gbps, 1 / compute_gbps, 1 / combined_gbps
+    return (tb + tc - t) / (tb + tc - max(tb, tc))
+
+
+def stream_work_gbps(address: int, nbytes: int, threads: int, work: int, ahead: int = 0,
+                     repeat: int = 1) -> float:
+    """GB/s of one overlap-probe pass (`repeat` sweeps of each thread's share)."""
+    return nbytes * repeat / _C.stream_work_pass(address, nbytes, threads, work, ahead, repeat) / 1e9
+
+
+def compute_only_gbps(address: int, threads: int, work: int, seconds: float = 0.05) -> float:
+    """The overlap probe's loop over OVERLAP_L1_BYTES per thread, swept until ~`seconds`: the rate of
+    its compute (and L1 loads) alone, in bytes of the line stream per second."""
+    n = OVERLAP_L1_BYTES * threads
+    rep = 64
+    while True:
+        s = _C.stream_work_pass(address, n, threads, work, 0, rep)
+        if s >= seconds / 4 or rep >= 1 << 24:
+            break
+        rep *= 4
+    rep = max(1, int(rep * seconds / max(s, 1e-9)))
+    return stream_work_gbps(address, n, threads, work, 0, rep)

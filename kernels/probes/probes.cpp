@@ -87,6 +87,26 @@ double read_pass(const std::vector<Buffer>& bufs, int threads, const std::string
   return std::chrono::duration<double>(t1 - t0).count();
 }
 
+double stream_work_pass(const void* p, size_t bytes, int threads, int work, int64_t ahead, int repeat) {
+  const auto& f = cpu_features();
+  if (!f.avx2 || !f.fma) throw std::invalid_argument("the overlap probe needs AVX2 and FMA, which this CPU lacks");
+  if (work < 0 || ahead < 0 || repeat < 1) throw std::invalid_argument("work and ahead must be >= 0, repeat >= 1");
+  if (threads < 1) threads = 1;
+  auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads)
+  {
+    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    // each thread one contiguous share, cut at 4 KiB (read_pass's rule)
+    const size_t share = ((bytes / nt) + 4095) & ~size_t(4095);
+    const size_t begin = std::min(bytes, share * tid), end = std::min(bytes, share * (tid + 1));
+    uint64_t acc = 0;
+    for (int r = 0; r < repeat; ++r)
+      acc ^= stream_work_avx2(static_cast<const uint8_t*>(p) + begin, end - begin, work, size_t(ahead));
+    g_sink.fetch_xor(acc, std::memory_order_relaxed);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 namespace {
 
 struct PeakUnit {
