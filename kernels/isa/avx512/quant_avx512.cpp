@@ -490,7 +490,12 @@ struct VnniKn {
   // vpdpbusd, cvt and fma all issue on one port); on 256-bit vectors with the scale products s_w x
   // s_x precomputed per K block and the group a template constant, 1.42-1.48 -> 1.51-1.54; T = 1 the
   // same within noise from L3 (0.96-0.98 ms) and from DRAM (1.67-1.71). Nor an L2 prefetch three tiles
-  // ahead instead of one (T = 1 from DRAM 1.67-1.71 -> 1.75-1.81). At T = 1 from L3 the call is ~0.97
+  // ahead instead of one (T = 1 from DRAM 1.67-1.71 -> 1.75-1.81); again on the model 207 Xeon
+  // (2026-12-06, each build in its own process, 3 alternated, same-experts routing), after `hinabench
+  // overlap` had read its dependent-FMA stream there at 12-14 GB/s with no software prefetch and 22-26
+  // with one 4-16 KiB ahead (2 threads): the rows ceil(4096 / K) tiles ahead (K bytes a row: 2 tiles for
+  // Qwen3-30B-A3B's gate/up, 6 for its down), T = 1 / 2 / 4 0.95 / 1.00 / 1.01x the time from DRAM,
+  // 8192 bytes 1.03 / 1.02 / 1.04x: no change beyond the noise. At T = 1 from L3 the call is ~0.97
   // ms for 37.7 MB, at T = 4 ~1.4: the DRAM time (1.7 / 2.0) is not this loop's instruction count.
   // Tried on Zen 4 (2026-12-03, builds side by side in one process) and not kept: one token in 512-bit
   // steps with the weights made unsigned (w ^ 0x80) and the token's compensation started in each
