@@ -74,6 +74,17 @@
 // memory time; vLLM's AMX kernel reads a cache in its own pre-packed tile layout (cpu_attn_amx.hpp:
 // every K and V tile one dense 1 KiB block, no transposes or gathers around the tile products), where
 // this one keeps the framework's layout and pays for it in compute.
+// Tried 2026-12-06 (same Xeon) and not kept: extend's tasks (128 query rows, eight groups of 16) with the
+// roles turned -- S = Q . K^T, A = the query rows as they are, B = each 16 keys' d pairs (the keys' rows
+// transposed, 16 x 16 dwords by unpacks and lane shuffles, once per call and shared by the eight row
+// groups), C stored straight into S: no gathers -- and P x V on V converted into key pairs once per call
+// for the eight groups (half the tile products; O in pv's even / odd order), bit-compatible with the
+// tests: 128 / 512 new tokens over 4096 (paged, B = 1, two alternated runs each) Qwen3-30B-A3B 16.2 / 62-66
+// ms against 14.1-15.3 / 61-63, Mixtral-8x7B 17.7-17.8 / 65-69 against 17.5-18.7 / 65-68. perf on the
+// 512 case: scores 27%, pv 28%, softmax_step 21%, the driver 7%, the samples in the tile loops on the
+// tile loads and products; per 16 rows x 128 keys ~9000 cycles where its 64 tile products take ~1000 at
+// their throughput and the softmax ~2000: the tile loops wait on their loads and chains (an accumulator
+// tile every 4 products, stored and reloaded per chunk), not on the transposes.
 //
 // Built twice from this one source, like microkernel_amx.cpp: for real (`_C`, isa "amx") and against
 // emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated"), so it runs in the same tests.
