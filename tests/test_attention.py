@@ -366,3 +366,47 @@ def test_the_three_calls_ablation_backend_gives_hina_avx512s_bits_and_restores_t
     assert torch.equal(out["hina:avx512"], out["hina:avx512-3calls"])
     check(d, out["hina:avx512-3calls"], "hina:avx512-3calls")
     assert get("hina:avx512-3calls").ops == ("attention",)
+
+
+def test_sglang_attention_adapter_reads_the_paged_cache_as_a_token_pool(monkeypatch):
+    """`sglang:attn` hands SGLang's kernels the problem's own paged cache as their token pool and its block
+    slots as req_to_token. vLLM's _C is not here (CI), so stand-ins with SGLang's calling convention and
+    semantics (decode.cpp / extend.cpp: the prefix through req_to_token, extend's new rows from k_extend /
+    v_extend, causal over them) compute what the kernel would from what the adapter passes."""
+    import types
+
+    from hinabench.backends import sglang_attention as sa
+    from hinabench.backends import vllm as vb
+    from hinabench.worker.protocol import PeerUnsupported
+
+    def attend(q, k, v, scale, prefix):   # q [n, h_q, d], k / v [L, h_kv, d]
+        G = q.shape[1] // k.shape[1]
+        k, v = k.float().repeat_interleave(G, 1), v.float().repeat_interleave(G, 1)
+        s = torch.einsum("nhd,lhd->hnl", q.float(), k) * scale
+        s = s.masked_fill(torch.arange(k.shape[0]) > prefix + torch.arange(q.shape[0])[:, None], float("-inf"))
+        return torch.einsum("hnl,lhd->nhd", s.softmax(-1), v)
+
+    def decode(q, kpool, vpool, out, key, value, loc, logits, r2t, req, seq_lens, scale, cap, cross, sw, enc, sinks):
+        assert key is None and logits.shape[:2] == q.shape[:2] and logits.shape[3] == vpool.shape[2] + 1
+        for b in range(q.shape[0]):
+            idx = r2t[int(req[b]), : int(seq_lens[b])]
+            out[b] = attend(q[b: b + 1], kpool[idx], vpool[idx], scale, int(seq_lens[b]) - 1)[0].to(out.dtype)
+
+    def extend(q, kext, vext, out, kpool, vpool, r2t, req, seq_lens, ext_lens, ext_start, max_ext, scale, cap,
+               cross, sw, enc, sinks, tree):
+        for b in range(len(seq_lens)):
+            n, s0, L = int(ext_lens[b]), int(ext_start[b]), int(seq_lens[b])
+            idx = r2t[int(req[b]), : L - n]
+            k, v = torch.cat([kpool[idx], kext[s0: s0 + n]]), torch.cat([vpool[idx], vext[s0: s0 + n]])
+            out[s0: s0 + n] = attend(q[s0: s0 + n], k, v, scale, L - n).to(out.dtype)
+
+    monkeypatch.setattr(vb, "_load_kernels",
+                        lambda variant: types.SimpleNamespace(decode_attention_cpu=decode, extend_attention_cpu=extend))
+    for phase, n in (("decode", 1), ("extend", 7)):
+        d = AttentionProblem.custom(8, 2, 64, [37, 100], phase=phase, extend=n, layout="paged").materialize(rotate=False)
+        peer = sa.make_peer("sgl", 2)
+        peer.prepare(d)
+        check(d, peer.run(0), f"sglang:attn {phase}")
+    d = AttentionProblem.custom(8, 2, 64, [37], layout="contiguous").materialize(rotate=False)
+    with pytest.raises(PeerUnsupported, match="token pool"):
+        sa.make_peer("sgl", 2).prepare(d)

@@ -9,7 +9,7 @@ from .base import Backend, Unsupported
 REGISTRY: dict[str, type[Backend]] = {}
 IMPORT_ERRORS: dict[str, str] = {}
 _MODULES = ["torch_naive", "torch_quant", "torch_cuda", "onednn", "hina", "vllm", "kt", "ipex", "llamacpp", "zentorch",
-            "torch_attention", "vllm_attention", "ipex_attention", "llamacpp_attention", "attention_peers_absent"]
+            "torch_attention", "vllm_attention", "ipex_attention", "llamacpp_attention", "sglang_attention"]
 
 
 def register(cls: type[Backend]) -> type[Backend]:

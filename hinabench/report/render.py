@@ -133,8 +133,8 @@ def _table(rows, view, notes, console):
         for r in group:
             t.add_row(*view.cells(r), style=view.style(r) if view.style else None)
         console.print(t)
-    for line in notes:
-        console.print(line, style="dim", highlight=False)
+    for line in notes:   # plain text: a reason's "[tokens, h_kv, d]" is not rich markup
+        console.print(line, style="dim", highlight=False, markup=False)
 
 
 def _markdown_text(rows, view, notes) -> str:
