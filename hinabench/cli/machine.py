@@ -95,7 +95,6 @@ def _threads(threads):
     return ints(threads, "--threads") if threads else sorted({1, len(sysinfo.topology()["usable_cpus"])})
 
 
-
 @click.command()
 @click.option("--threads", default=None, help="Thread counts, e.g. 1,2 (default: 1 and all usable CPUs).")
 @click.option("--size", "size_mib", default=None, type=click.IntRange(1, None),
@@ -105,7 +104,7 @@ def _threads(threads):
 @click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as --format json.")
 def bandwidth(threads, size_mib, passes, fmt, as_json):
     """STREAM-like read bandwidth of this process, per read kernel and thread count."""
-    from ..machine import probes, sysinfo
+    from ..machine import probes
     from ..harness.stats import median
     buf = _dram_buffer(size_mib)
     ts = _threads(threads)
@@ -128,7 +127,7 @@ def peak(threads, fmt, as_json):
     physical compute ceiling; and beside it torch's fp32 GEMM rate (2048x4096x4096), the achievable one."""
     from ..native import load
     _C = load("_C")
-    from ..machine import probes, sysinfo
+    from ..machine import probes
     ts = _threads(threads)
     rows = []
     m, n, k = probes.GEMM_SHAPE

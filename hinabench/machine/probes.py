@@ -125,7 +125,8 @@ OVERLAP_L1_BYTES = 16 << 10       # per thread: the compute-only pass's buffer (
 def overlap_fraction(stream_gbps: float, compute_gbps: float, combined_gbps: float) -> float:
     """How much of the shorter of a byte's memory time (1/B) and compute time (1/C) hides under the
     longer, from the combined rate R: 1 when R is the slower of the two alone (1/R = max), 0 when the
-    times add up (1/R = 1/B + 1/C); outside [0, 1] within the noise."""
+    times add up (1/R = 1/B + 1/C), below 0 when the pair is slower still (the compute holding back the
+    loads that would have streamed), above 1 only within the noise."""
     tb, tc, t = 1 / stream_gbps, 1 / compute_gbps, 1 / combined_gbps
     return (tb + tc - t) / (tb + tc - max(tb, tc))
 
