@@ -185,11 +185,15 @@ def test_sysinfo_json_matches_cpuid():
     assert "NUMA node" in line and "hinabench" in line
 
 
+def _dram_mib() -> int:
+    """The smallest buffer (MiB) the probe commands accept: they refuse one under 4x the LLC."""
+    return max(160, -(-4 * llc_bytes() // 2**20))
+
+
 def test_models_bandwidth_peak_commands():
     r = invoke("models", "--json")
     assert {m["name"] for m in json.loads(r.output)} >= {"mixtral-8x7b", "deepseek-v3"}
-    from hinabench.machine.sysinfo import llc_bytes
-    size = max(160, -(-4 * llc_bytes() // 2**20))     # the command refuses a buffer under 4x the LLC
+    size = _dram_mib()
     r = invoke("bandwidth", "--threads", "1", "--size", str(size), "--passes", "1", "--json")
     rows = json.loads(r.output)
     assert all(row["best_gbps"] > 0.5 for row in rows)
@@ -210,8 +214,7 @@ def test_overlap_probe():
     c0, c8 = (probes.compute_only_gbps(buf.data_ptr(), 1, w, seconds=0.01) for w in (0, 8))
     assert c0 > c8 > 0
     assert probes.stream_work_gbps(buf.data_ptr(), buf.numel() * 2, 2, 1, ahead=1 << 20) > 0
-    from hinabench.machine.sysinfo import llc_bytes
-    size = max(160, -(-4 * llc_bytes() // 2**20))
+    size = _dram_mib()
     r = invoke("overlap", "--threads", "1", "--work", "0,2", "--ahead", "0", "--size", str(size), "--passes", "1",
                "--json")
     rows = json.loads(r.output)

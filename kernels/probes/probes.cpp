@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
+#include <utility>
 
 #include "common.h"
 
@@ -20,6 +21,12 @@ uint64_t read_scalar(const uint8_t* p, size_t n) {
   for (; i + 8 <= n; i += 8) acc ^= *reinterpret_cast<const uint64_t*>(p + i);
   for (; i < n; ++i) acc ^= p[i];
   return acc;
+}
+
+// Thread tid's contiguous share [first, second) of `total` bytes over nt threads, cut at 4 KiB.
+std::pair<size_t, size_t> thread_share(size_t total, int nt, int tid) {
+  const size_t share = ((total / nt) + 4095) & ~size_t(4095);
+  return {std::min(total, share * tid), std::min(total, share * (tid + 1))};
 }
 
 struct ReadVariant { const char* name; const char* isa; int mode; };
@@ -64,10 +71,8 @@ double read_pass(const std::vector<Buffer>& bufs, int threads, const std::string
   auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(threads)
   {
-    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
-    // Each thread reads one contiguous share of the concatenated buffers, cut at 4 KiB.
-    size_t share = ((total / nt) + 4095) & ~size_t(4095);
-    size_t begin = std::min(total, share * tid), end = std::min(total, share * (tid + 1));
+    // Each thread reads one contiguous share of the concatenated buffers.
+    const auto [begin, end] = thread_share(total, omp_get_num_threads(), omp_get_thread_num());
     uint64_t acc = 0;
     size_t base = 0;
     for (const auto& b : bufs) {
@@ -95,10 +100,7 @@ double stream_work_pass(const void* p, size_t bytes, int threads, int work, int6
   auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(threads)
   {
-    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
-    // each thread one contiguous share, cut at 4 KiB (read_pass's rule)
-    const size_t share = ((bytes / nt) + 4095) & ~size_t(4095);
-    const size_t begin = std::min(bytes, share * tid), end = std::min(bytes, share * (tid + 1));
+    const auto [begin, end] = thread_share(bytes, omp_get_num_threads(), omp_get_thread_num());
     uint64_t acc = 0;
     for (int r = 0; r < repeat; ++r)
       acc ^= stream_work_avx2(static_cast<const uint8_t*>(p) + begin, end - begin, work, size_t(ahead));

@@ -7,6 +7,14 @@
 
 namespace hina {
 
+namespace {
+uint64_t xor_fold(__m256i a) {   // the four 64-bit lanes xor-ed
+  alignas(32) uint64_t v[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(v), a);
+  return v[0] ^ v[1] ^ v[2] ^ v[3];
+}
+}  // namespace
+
 // Modes: loops.h.
 uint64_t read_avx2(const uint8_t* p, size_t n, int mode) {
   auto block = [](const uint8_t* q, __m256i acc) {  // 128 bytes
@@ -16,11 +24,7 @@ uint64_t read_avx2(const uint8_t* p, size_t n, int mode) {
     __m256i d = _mm256_loadu_si256((const __m256i*)(q + 96));
     return _mm256_xor_si256(acc, _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(c, d)));
   };
-  auto fold = [](__m256i a, __m256i b) {
-    alignas(32) uint64_t v[4];
-    _mm256_store_si256((__m256i*)v, _mm256_xor_si256(a, b));
-    return v[0] ^ v[1] ^ v[2] ^ v[3];
-  };
+  auto fold = [](__m256i a, __m256i b) { return xor_fold(_mm256_xor_si256(a, b)); };
   return read_loop(p, n, mode, _mm256_setzero_si256(), block, fold);
 }
 
@@ -50,9 +54,7 @@ uint64_t stream_work_avx2(const uint8_t* p, size_t n, int work, size_t ahead) {
   }
   const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
                                  _mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7)));
-  alignas(32) uint64_t v[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(v), _mm256_xor_si256(acc, _mm256_castps_si256(s)));
-  return v[0] ^ v[1] ^ v[2] ^ v[3];
+  return xor_fold(_mm256_xor_si256(acc, _mm256_castps_si256(s)));
 }
 
 // vfmadd on 8 fp32 lanes: 16 FLOP per instruction.
