@@ -74,6 +74,16 @@
 // memory time; vLLM's AMX kernel reads a cache in its own pre-packed tile layout (cpu_attn_amx.hpp:
 // every K and V tile one dense 1 KiB block, no transposes or gathers around the tile products), where
 // this one keeps the framework's layout and pays for it in compute.
+// 2026-12-06, the same Xeon, extend (128 new tokens over 4096, paged, B = 1, 2 threads; the builds in
+// alternated processes, 8 rounds of 2 s, median of each process's per-call median): P x V for more than
+// 16 rows on V converted into key pairs once per call (pv_pairs, split), with the softmax's row sums,
+// alphas and l done 16 rows at a time and exp2_ps on vscalefps (attention_vec512.h): Qwen3-30B-A3B
+// 15.18 -> 14.33 ms (0.94x; per-call minimum 0.96x), Mixtral-8x7B 16.68 -> 15.25 (0.91x; 0.92x); the
+// pairs alone 0.95x by the minimum. Tried then and not kept: the scores' K tiles of 16 keys held while
+// every row group's Q^T images stream past them (a key row read once per call, not once per group):
+// 1.08 / 1.05x the time; pv's operand tiles loaded right after their last reader (software-pipelined:
+// tiles are not renamed): 0.99x by the minimum, medians within the noise; the rows staged into dense
+// buffers (AttnBlocking::stage_strided, a memcpy per row) 1.32 / 1.33x.
 // Tried 2026-12-06 (same Xeon) and not kept: extend's tasks (128 query rows, eight groups of 16) with the
 // roles turned -- S = Q . K^T, A = the query rows as they are, B = each 16 keys' d pairs (the keys' rows
 // transposed, 16 x 16 dwords by unpacks and lane shuffles, once per call and shared by the eight row
@@ -292,7 +302,9 @@ inline void p_image(const float* P, int lds, int rows, int nk, bf16_t* Pb) {
 
 // B: keys [0, nk) (of at most 32) of V in VNNI pairs, one 1 KiB image per 16 columns:
 // Vt[cb * 256 + kp * 16 + n] = (V_{2kp}[16 cb + n], V_{2kp+1}[16 cb + n]), zero past nk.
-inline void v_image(const bf16_t* const* vals, int nk, int d, uint32_t* Vt) {
+// split (d % 32 == 0): per 32 columns the even ones first, then the odd ones -- block 2q holds columns
+// 32q + 2n, block 2q + 1 columns 32q + 2n + 1 -- so that O comes out in pv's even / odd order.
+inline void v_image(const bf16_t* const* vals, int nk, int d, uint32_t* Vt, bool split) {
   const int CB = d / 16;
   for (int kp = 0; kp < 16; ++kp) {
     const int ja = 2 * kp, jb = ja + 1;
@@ -305,9 +317,12 @@ inline void v_image(const bf16_t* const* vals, int nk, int d, uint32_t* Vt) {
     int c = 0;
 #if !defined(HINA_EMU_AMX)
     // 32 columns of both rows per step: two vpermt2w give the pairs of columns c..c+15 and c+16..c+31
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    const __m512i nat = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                         39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i even = _mm512_set_epi16(62, 30, 60, 28, 58, 26, 56, 24, 54, 22, 52, 20, 50, 18, 48, 16,
+                                          46, 14, 44, 12, 42, 10, 40, 8, 38, 6, 36, 4, 34, 2, 32, 0);
+    const __m512i lo = split ? even : nat;
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(split ? 1 : 16));
     for (; c + 32 <= d; c += 32) {
       const __m512i a = _mm512_loadu_si512(va + c);
       const __m512i b = vb ? _mm512_loadu_si512(vb + c) : _mm512_setzero_si512();
@@ -317,7 +332,8 @@ inline void v_image(const bf16_t* const* vals, int nk, int d, uint32_t* Vt) {
 #endif
     for (; c < d; ++c) {
       const uint32_t a = va[c], b = vb ? vb[c] : 0u;
-      Vt[(c / 16) * 256 + kp * 16 + c % 16] = a | (b << 16);
+      const int blk = split ? (c / 32) * 2 + (c % 2) : c / 16, n = split ? (c % 32) / 2 : c % 16;
+      Vt[blk * 256 + kp * 16 + n] = a | (b << 16);
     }
   }
 }
@@ -325,16 +341,20 @@ inline void v_image(const bf16_t* const* vals, int nk, int d, uint32_t* Vt) {
 constexpr int kChunkKeys = 128;   // keys per chunk: per-call costs (LDTILECFG, the O tiles' loads and
                                   // stores, the softmax's reductions) spread over 128 keys, not 32
 
-// P x V for a head dim that is an odd multiple of 16: V converted into VNNI pairs of keys, O in natural
-// column order (tmm0: P, tmm1..3: V pairs, tmm4..7: O, as configure_pv(rows, 16) sets them).
-void pv_pairs(const float* P, int lds, int nrows, const bf16_t* const* vals, int nkeys, int d, float* O) {
+// P x V for a head dim that is an odd multiple of 16 (O in natural column order), and for more than 16
+// rows (extend; split: O in pv's even / odd order, so unpack_o is the same): V converted into VNNI pairs
+// of keys once per call and shared by every group of 16 rows -- the conversion that costs decode more
+// than pv's doubled products (one group) is paid once for a task's eight, and the products are halved
+// (tmm0: P, tmm1..3: V pairs, tmm4..7: O, as configure_pv(rows, 16) sets them).
+void pv_pairs(const float* P, int lds, int nrows, const bf16_t* const* vals, int nkeys, int d, float* O,
+              bool split) {
   // the chunk's V, converted once and used by every row group: [32-key block][16 columns] images
   alignas(64) static thread_local uint32_t Vt[kChunkKeys / 32 * (kAttnHeadDimMax / 16) * 256];   // 64 KiB
   alignas(64) bf16_t Pb[kChunkKeys / 32][16 * 32];
   const int KB32 = (nkeys + 31) / 32, CB = d / 16;
   for (int kb = 0; kb < KB32; ++kb) {
     const int nk = nkeys - kb * 32 < 32 ? nkeys - kb * 32 : 32;
-    v_image(vals + kb * 32, nk, d, Vt + size_t(kb) * CB * 256);
+    v_image(vals + kb * 32, nk, d, Vt + size_t(kb) * CB * 256, split);
   }
   int cfg_rows = -1;
   for (int g = 0; g * 16 < nrows; ++g) {
@@ -416,7 +436,7 @@ inline void p_split_images(const float* P, int lds, int rows, int nk, uint32_t* 
 }
 
 void pv(const float* P, int lds, int nrows, const bf16_t* const* vals, int nkeys, int d, float* O) {
-  if (d % 32) return pv_pairs(P, lds, nrows, vals, nkeys, d, O);
+  if (d % 32 || nrows > 16) return pv_pairs(P, lds, nrows, vals, nkeys, d, O, d % 32 == 0);
   alignas(64) uint32_t Pe[kChunkKeys / 16][16 * 16], Po[kChunkKeys / 16][16 * 16];
   alignas(64) bf16_t stage[2][16 * 32];
   const int KG = (nkeys + 15) / 16, CG = d / 32;

@@ -65,13 +65,14 @@ inline __mmask16 first_lanes(int n) {
 }
 
 // 2^x: round to nearest, degree-6 polynomial on [-1/2, 1/2] (rel. error ~1e-7); x below -126 (and a
-// masked key's -inf) gives exactly 0.
+// masked key's -inf) gives exactly 0, and those lanes are never scaled (no denormal to assist).
+// 2^round(x) applied by vscalefps, rounding by vrndscaleps: 10 operations where the integer
+// conversions and the exponent built by hand took 15, with the same bits for x >= -126 (scalef is an
+// exact scaling, as the product by the power of two was; above 127 it gives inf, not a wrapped exponent).
 inline __m512 exp2_ps(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-126.f);
-  const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_NGE_UQ);
-  x = _mm512_max_ps(x, lo);
-  const __m512i xi_i = _mm512_cvtps_epi32(x);
-  const __m512 f = _mm512_sub_ps(x, _mm512_cvtepi32_ps(xi_i));
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.f), _CMP_GE_OQ);
+  const __m512 xr = _mm512_roundscale_ps(x, 0x08);   // to nearest, no exceptions
+  const __m512 f = _mm512_sub_ps(x, xr);
   __m512 p = _mm512_set1_ps(1.540353039e-4f);
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.333355815e-3f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129108e-3f));
@@ -79,41 +80,63 @@ inline __m512 exp2_ps(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265070e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471806e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(xi_i, _mm512_set1_epi32(127)), 23);
-  const __m512 r = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-  return _mm512_mask_blend_ps(underflow, r, _mm512_setzero_ps());
+  return _mm512_maskz_scalef_ps(keep, p, xr);
 }
 
 // The online-softmax step of AttnMicroKernel::softmax_step (ops/attention.h), 16 keys per vector.
 // Keys [nkeys, round-up-16) of each row are set to -inf first, so they come out as exactly 0.
+// Sixteen rows at a time: each row's max and exponentials in turn, then the rows' sums (hsum16x16),
+// alphas (one exp2_ps) and l (one fma) as vectors -- per lane the bits of the one-row form (hsum16,
+// exp2_ps of a broadcast, one fma: the AVX-512 kernel's fused step computes them so too).
 inline void softmax_step(float* S, int lds, int nrows, int nkeys, float* m, float* l, float* O, int d) {
   const float ninf = -std::numeric_limits<float>::infinity();
   const int n16 = (nkeys + 15) & ~15;   // <= lds (chunk_keys is a multiple of 16)
-  for (int r = 0; r < nrows; ++r) {
-    float* s = S + int64_t(r) * lds;
-    for (int j = nkeys; j < n16; ++j) s[j] = ninf;
-    __m512 vmax = _mm512_set1_ps(m[r]);
-    for (int j = 0; j < n16; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
-    const float mx = _mm512_reduce_max_ps(vmax);
-    if (mx == ninf) {
-      for (int j = 0; j < n16; j += 16) _mm512_storeu_ps(s + j, _mm512_setzero_ps());
-      continue;
+  for (int r0 = 0; r0 < nrows; r0 += 16) {
+    const int nr = nrows - r0 < 16 ? nrows - r0 : 16;
+    __m512 sums[16];
+    alignas(64) float mx[16], mo[16];
+    __mmask16 live = 0;   // rows with a key to see (a fully masked row keeps m, l and O)
+    for (int i = 0; i < 16; ++i) {
+      sums[i] = _mm512_setzero_ps();
+      mx[i] = ninf;
+      mo[i] = ninf;
+      if (i >= nr) continue;
+      const int r = r0 + i;
+      float* s = S + int64_t(r) * lds;
+      for (int j = nkeys; j < n16; ++j) s[j] = ninf;
+      __m512 vmax = _mm512_set1_ps(m[r]);
+      for (int j = 0; j < n16; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
+      const float x = _mm512_reduce_max_ps(vmax);
+      if (x == ninf) {
+        for (int j = 0; j < n16; j += 16) _mm512_storeu_ps(s + j, _mm512_setzero_ps());
+        continue;
+      }
+      live |= __mmask16(1u << i);
+      mx[i] = x;
+      mo[i] = m[r];
+      const __m512 vm = _mm512_set1_ps(x);
+      __m512 sum = _mm512_setzero_ps();
+      for (int j = 0; j < n16; j += 16) {
+        const __m512 p = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm));
+        _mm512_storeu_ps(s + j, p);
+        sum = _mm512_add_ps(sum, p);
+      }
+      sums[i] = sum;
     }
-    const __m512 vm = _mm512_set1_ps(mx);
-    __m512 sum = _mm512_setzero_ps();
-    for (int j = 0; j < n16; j += 16) {
-      const __m512 p = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm));
-      _mm512_storeu_ps(s + j, p);
-      sum = _mm512_add_ps(sum, p);
-    }
-    // alpha and l as the AVX-512 kernel's fused step computes them (exp2_ps, one fma), the same bits
-    const float alpha = m[r] == ninf ? 0.f : _mm_cvtss_f32(_mm512_castps512_ps128(exp2_ps(_mm512_set1_ps(m[r] - mx))));
-    l[r] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(l[r]), _mm_set_ss(alpha), _mm_set_ss(hsum16(sum))));
-    m[r] = mx;
-    if (alpha != 1.f) {
-      const __m512 a = _mm512_set1_ps(alpha);
-      float* o = O + int64_t(r) * d;
-      for (int i = 0; i < d; i += 16) _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_loadu_ps(o + i), a));
+    if (!live) continue;
+    const __m512 vmx = _mm512_load_ps(mx), vmo = _mm512_load_ps(mo);
+    // alpha = 2^(m_old - m_new); m_old = -inf: 0 (exp2_ps's underflow); dead lanes are never used
+    alignas(64) float alpha[16];
+    _mm512_store_ps(alpha, _mm512_maskz_mov_ps(live, exp2_ps(_mm512_sub_ps(vmo, _mm512_mask_mov_ps(vmo, live, vmx)))));
+    const __m512 vl = _mm512_maskz_loadu_ps(first_lanes(nr), l + r0);
+    const __m512 nl = _mm512_fmadd_ps(vl, _mm512_load_ps(alpha), hsum16x16(sums));
+    _mm512_mask_storeu_ps(l + r0, live, nl);
+    _mm512_mask_storeu_ps(m + r0, live, vmx);
+    for (int i = 0; i < nr; ++i) {
+      if (!(live >> i & 1) || alpha[i] == 1.f) continue;
+      const __m512 a = _mm512_set1_ps(alpha[i]);
+      float* o = O + int64_t(r0 + i) * d;
+      for (int k = 0; k < d; k += 16) _mm512_storeu_ps(o + k, _mm512_mul_ps(_mm512_loadu_ps(o + k), a));
     }
   }
 }
