@@ -83,7 +83,9 @@
 // every row group's Q^T images stream past them (a key row read once per call, not once per group):
 // 1.08 / 1.05x the time; pv's operand tiles loaded right after their last reader (software-pipelined:
 // tiles are not renamed): 0.99x by the minimum, medians within the noise; the rows staged into dense
-// buffers (AttnBlocking::stage_strided, a memcpy per row) 1.32 / 1.33x.
+// buffers (AttnBlocking::stage_strided, a memcpy per row) 1.32 / 1.33x; each K tile's source (the rows'
+// spacing checked) found once per call instead of once per row group: 0.96-1.02x by the minimum over two
+// runs of 6-8 rounds, the medians within the noise.
 // Tried 2026-12-06 (same Xeon) and not kept: extend's tasks (128 query rows, eight groups of 16) with the
 // roles turned -- S = Q . K^T, A = the query rows as they are, B = each 16 keys' d pairs (the keys' rows
 // transposed, 16 x 16 dwords by unpacks and lane shuffles, once per call and shared by the eight row
