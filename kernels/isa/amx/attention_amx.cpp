@@ -85,7 +85,9 @@
 // tiles are not renamed): 0.99x by the minimum, medians within the noise; the rows staged into dense
 // buffers (AttnBlocking::stage_strided, a memcpy per row) 1.32 / 1.33x; each K tile's source (the rows'
 // spacing checked) found once per call instead of once per row group: 0.96-1.02x by the minimum over two
-// runs of 6-8 rounds, the medians within the noise.
+// runs of 6-8 rounds, the medians within the noise; no prefetch of the next chunk for extend's tasks
+// (more than 16 rows; the driver's burst of every line into L1 was 6% of the samples), or into L2:
+// 0.97-0.99x / 0.99x the time (medians of two runs, ranges overlapping), not kept.
 // Tried 2026-12-06 (same Xeon) and not kept: extend's tasks (128 query rows, eight groups of 16) with the
 // roles turned -- S = Q . K^T, A = the query rows as they are, B = each 16 keys' d pairs (the keys' rows
 // transposed, 16 x 16 dwords by unpacks and lane shuffles, once per call and shared by the eight row
