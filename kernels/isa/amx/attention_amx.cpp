@@ -306,10 +306,12 @@ inline void p_image(const float* P, int lds, int rows, int nk, bf16_t* Pb) {
 
 // B: keys [0, nk) (of at most 32) of V in VNNI pairs, one 1 KiB image per 16 columns:
 // Vt[cb * 256 + kp * 16 + n] = (V_{2kp}[16 cb + n], V_{2kp+1}[16 cb + n]), zero past nk.
-// split (d % 32 == 0): per 32 columns the even ones first, then the odd ones -- block 2q holds columns
-// 32q + 2n, block 2q + 1 columns 32q + 2n + 1 -- so that O comes out in pv's even / odd order.
-inline void v_image(const bf16_t* const* vals, int nk, int d, uint32_t* Vt, bool split) {
+// Where d % 32 == 0 the columns are split instead: per 32 columns the even ones first, then the odd
+// ones -- block 2q holds columns 32q + 2n, block 2q + 1 columns 32q + 2n + 1 -- so that O comes out in
+// pv's even / odd order, the order unpack_o takes for such a d.
+inline void v_image(const bf16_t* const* vals, int nk, int d, uint32_t* Vt) {
   const int CB = d / 16;
+  const bool split = d % 32 == 0;
   for (int kp = 0; kp < 16; ++kp) {
     const int ja = 2 * kp, jb = ja + 1;
     if (ja >= nk) {
@@ -350,15 +352,14 @@ constexpr int kChunkKeys = 128;   // keys per chunk: per-call costs (LDTILECFG, 
 // of keys once per call and shared by every group of 16 rows -- the conversion that costs decode more
 // than pv's doubled products (one group) is paid once for a task's eight, and the products are halved
 // (tmm0: P, tmm1..3: V pairs, tmm4..7: O, as configure_pv(rows, 16) sets them).
-void pv_pairs(const float* P, int lds, int nrows, const bf16_t* const* vals, int nkeys, int d, float* O,
-              bool split) {
+void pv_pairs(const float* P, int lds, int nrows, const bf16_t* const* vals, int nkeys, int d, float* O) {
   // the chunk's V, converted once and used by every row group: [32-key block][16 columns] images
   alignas(64) static thread_local uint32_t Vt[kChunkKeys / 32 * (kAttnHeadDimMax / 16) * 256];   // 64 KiB
   alignas(64) bf16_t Pb[kChunkKeys / 32][16 * 32];
   const int KB32 = (nkeys + 31) / 32, CB = d / 16;
   for (int kb = 0; kb < KB32; ++kb) {
     const int nk = nkeys - kb * 32 < 32 ? nkeys - kb * 32 : 32;
-    v_image(vals + kb * 32, nk, d, Vt + size_t(kb) * CB * 256, split);
+    v_image(vals + kb * 32, nk, d, Vt + size_t(kb) * CB * 256);
   }
   int cfg_rows = -1;
   for (int g = 0; g * 16 < nrows; ++g) {
@@ -440,7 +441,7 @@ inline void p_split_images(const float* P, int lds, int rows, int nk, uint32_t* 
 }
 
 void pv(const float* P, int lds, int nrows, const bf16_t* const* vals, int nkeys, int d, float* O) {
-  if (d % 32 || nrows > 16) return pv_pairs(P, lds, nrows, vals, nkeys, d, O, d % 32 == 0);
+  if (d % 32 || nrows > 16) return pv_pairs(P, lds, nrows, vals, nkeys, d, O);
   alignas(64) uint32_t Pe[kChunkKeys / 16][16 * 16], Po[kChunkKeys / 16][16 * 16];
   alignas(64) bf16_t stage[2][16 * 32];
   const int KG = (nkeys + 15) / 16, CG = d / 32;

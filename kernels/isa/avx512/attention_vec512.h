@@ -125,9 +125,9 @@ inline void softmax_step(float* S, int lds, int nrows, int nkeys, float* m, floa
     }
     if (!live) continue;
     const __m512 vmx = _mm512_load_ps(mx), vmo = _mm512_load_ps(mo);
-    // alpha = 2^(m_old - m_new); m_old = -inf: 0 (exp2_ps's underflow); dead lanes are never used
+    // alpha = 2^(m_old - m_new); m_old = -inf: 0 (exp2_ps's underflow); dead lanes (NaN: 0) are never used
     alignas(64) float alpha[16];
-    _mm512_store_ps(alpha, _mm512_maskz_mov_ps(live, exp2_ps(_mm512_sub_ps(vmo, _mm512_mask_mov_ps(vmo, live, vmx)))));
+    _mm512_store_ps(alpha, exp2_ps(_mm512_sub_ps(vmo, vmx)));
     const __m512 vl = _mm512_maskz_loadu_ps(first_lanes(nr), l + r0);
     const __m512 nl = _mm512_fmadd_ps(vl, _mm512_load_ps(alpha), hsum16x16(sums));
     _mm512_mask_storeu_ps(l + r0, live, nl);
