@@ -100,17 +100,18 @@
 // their throughput and the softmax ~2000: the tile loops wait on their loads and chains (an accumulator
 // tile every 4 products, stored and reloaded per chunk), not on the transposes.
 //
-// Tried 2026-12-06 (the same Xeon, the builds' modules side by side in one process, alternated in blocks
-// of 10 calls, 80 rounds; extend 128 over 4096, paged, B = 1) and not kept: a fused step for extend's
+// Tried 2026-12-06 (the same Xeon, each build in its own process, alternated, 5-6 rounds of 2 s, median
+// and minimum per process; extend 128 over 4096, paged, B = 1) and not kept: a fused step for extend's
 // tasks -- per row group of 16 in turn its scores, its softmax step and its P x V, so that the group's S
 // (8 KiB) and O rows stay in L1 between the three, V converted once for the groups and one LDTILECFG for
-// both tile loops (bit-identical): per-round ratio 0.999x (Qwen3-30B-A3B) and 1.000x (Mixtral-8x7B).
-// Nor tasks of 256 or 512 query rows (the prefix's K and V read from the L3 once per 256 / 512 rows):
-// 0.99-1.02x / 1.00x (30 rounds). Nor, for decode (Qwen3-30B-A3B, 4096 / 16384 keys, contiguous and
-// paged, 40 rounds), the driver's L1 prefetch in 4 pieces between the calls (prefetch_steps 4): 0.99-1.00x.
-// With the KV in the L3 (one 33.5 MB cache, l = 16384) perf still puts 45% of a decode call on the
-// driver's prefetch burst and 48% in scores, P x V and the softmax: the burst runs at the L3's read rate
-// and the tiles wait for it, from the L3 as from DRAM.
+// both tile loops (bit-identical): Qwen3-30B-A3B / Mixtral-8x7B 1.05 / 0.97x the time by the medians,
+// 0.99 / 1.05x by the minima. Nor tasks of 256 query rows (the prefix's K and V read from the L3 once
+// per 256 rows): 1.02 / 1.07x (minima 0.90 / 1.17x); of 512, 1.10 / 1.24x (Mixtral's 128 tokens one
+// task). Nor, for decode (Qwen3-30B-A3B, 4096 / 16384 keys, contiguous and paged), the driver's L1
+// prefetch in 4 pieces between the calls (prefetch_steps 4): 1.00-1.07x, minima 1.01-1.15x. With the KV
+// in the L3 (one 33.5 MB cache, l = 16384) perf still puts 45% of a decode call on the driver's
+// prefetch burst and 48% in scores, P x V and the softmax: the burst runs at the L3's read rate and the
+// tiles wait for it, from the L3 as from DRAM.
 //
 // Built twice from this one source, like microkernel_amx.cpp: for real (`_C`, isa "amx") and against
 // emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated"), so it runs in the same tests.
