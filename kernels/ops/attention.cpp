@@ -345,11 +345,11 @@ bool attn_fused_step() { return g_fused_step; }
 // Since 2026-12-06 the kernel taken is the AVX-512 one without vdpbf16ps ("avx512-nobf16": bf16 widened
 // into fp32 FMAs, isa/avx512/dpbf16.h): on this Xeon a zmm vdpbf16ps issues once every two cycles, a
 // quarter of the fp32 FMA's flops (`hinabench peak`, 2 threads: 215 against 432 GFLOP/s; the other AMX
-// CPUs not measured). Side by side in one process (the ISAs alternated in blocks
-// of 40 calls, 30 rounds, KV rotated past the L3, Mixtral-8x7B batch 1): contiguous l = 1024 / 4096 /
-// 16384 0.92 / 0.97 / 0.98x the time of the BF16 kernel, paged 0.95 / 0.98 / 0.995x; with the KV in the
-// L3 (l = 16384, one cache) 0.90x. Qwen3-30B-A3B's G = 8 keeps the tiles (this kernel 1.04-1.12x their
-// time there, the BF16 one 1.10-1.17x).
+// CPUs not measured). Side by side in one process (the ISAs alternated in blocks of 40 calls, 30 rounds,
+// KV rotated past the L3, Mixtral-8x7B batch 1): contiguous l = 1024 / 4096 / 16384 0.92 / 0.97 / 0.98x
+// the time of the BF16 kernel, paged 0.95 / 0.98 / 0.995x; with the KV in the L3 (l = 16384, one cache)
+// 0.90x. Qwen3-30B-A3B's G = 8 keeps the tiles (this kernel 1.04-1.12x their time there, the BF16 one
+// 1.10-1.17x).
 constexpr int kAmxAttnFewRows = 4;
 constexpr const char* kAmxAttnFewIsa = "avx512-nobf16";
 

@@ -110,10 +110,10 @@
 // task). Nor, for decode (Qwen3-30B-A3B, 4096 / 16384 keys, contiguous and paged), the driver's L1
 // prefetch in 4 pieces between the calls (prefetch_steps 4): 1.00-1.07x, minima 1.01-1.15x; the burst
 // into L2 instead (prefetch_l2): 1.00-1.05x at three of the four points and 0.81x at the fourth (paged,
-// 16384 keys; the processes' ranges overlapping), minima 1.03-1.08x at all four. With the KV
-// in the L3 (one 33.5 MB cache, l = 16384) perf still puts 45% of a decode call on the driver's
-// prefetch burst and 48% in scores, P x V and the softmax: the burst runs at the L3's read rate and the
-// tiles wait for it, from the L3 as from DRAM.
+// 16384 keys; the processes' ranges overlapping), minima 1.03-1.08x at all four. With the KV in the L3
+// (one 33.5 MB cache, l = 16384) perf still puts 45% of a decode call on the driver's prefetch burst and
+// 48% in scores, P x V and the softmax: the burst runs at the L3's read rate and the tiles wait for it,
+// from the L3 as from DRAM.
 //
 // Built twice from this one source, like microkernel_amx.cpp: for real (`_C`, isa "amx") and against
 // emu/tile_emulator.h (HINA_EMU_AMX, `_C_amx_emu`, isa "amx-emulated"), so it runs in the same tests.
