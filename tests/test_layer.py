@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, example, given, settings, strategies as st
 
 from hinabench import kernels
 from hinabench.kernels_layer import decoder_layer_prepare
@@ -17,6 +17,11 @@ PATHS = [p for p in ["scalar", "avx2", "avx512", "avx512-nobf16", "amx", "avx512
          if kernels.isa_status(p)[0]]
 NEAR_TIE = 0.05   # logits: bf16 rounds a logit of ~3 by up to ~0.008, the router's inputs more
 TOL = 1e-2   # bf16 activations rounded at every op, as transformers' layer rounds them, against fp32 throughout
+# The drawn layers are 64 wide: the norm-wise error over 64 outputs spreads wider. Every path, the scalar
+# one included, makes the same roundings: over 300 draws of the strategy below (2026-12-07) scalar, avx512
+# and amx-emulated read median 0.0035, max 0.0080-0.0093; CI drew an example (the @example below) at
+# 0.0100 on avx512 / amx(-emulated), 0.0087 on scalar, 0.0092 on avx512-nobf16: the scheme's tail, not a path's fault.
+TOL_DRAWN = 1.5e-2
 
 
 def attn_isa(isa: str) -> str:
@@ -107,7 +112,8 @@ def step_inputs(lay: Layer, B: int, pos: int, cap: int, seed: int = 1):
     return x, cos, sin, keys, values
 
 
-def check(lay: Layer, isa: str, B: int, pos: int, cap: int | None = None, seed: int = 1, drawn: bool = False):
+def check(lay: Layer, isa: str, B: int, pos: int, cap: int | None = None, seed: int = 1, drawn: bool = False,
+          tol: float = TOL):
     # a top-k near-tie (logits closer than bf16 rounding moves them) may flip an expert: no verdict on such
     # data; a drawn example is discarded, fixed data takes the next seed whose router decisions are clear
     for attempt in range(1 if drawn else 20):
@@ -122,7 +128,7 @@ def check(lay: Layer, isa: str, B: int, pos: int, cap: int | None = None, seed: 
     out = lay.prepare(isa)(x, cos, sin, keys, values, pos)
     assert out.dtype == torch.bfloat16 and tuple(out.shape) == (B, lay.H)
     err = rel_err(out, ref)
-    assert err <= TOL, f"{isa} B={B} pos={pos}: rel err {err:.3g}"
+    assert err <= tol, f"{isa} B={B} pos={pos}: rel err {err:.3g}"
     # the new K and V written at `pos`, nothing else of the caches touched
     assert rel_err(keys[:, :, pos], k_new) <= TOL and rel_err(values[:, :, pos], v_new) <= 1e-2
     mask = torch.ones(keys.shape[2], dtype=torch.bool)
@@ -153,11 +159,13 @@ def test_decode_step_on_qwen3_30b_a3b_widths(isa):
 @given(B=st.integers(1, 3), pos=st.integers(0, 70), E=st.sampled_from([4, 8, 32]), k=st.integers(1, 4),
        heads=st.sampled_from([(4, 4), (4, 2), (8, 1)]), d=st.sampled_from([16, 32, 64]), qk=st.booleans(),
        norm_topk=st.booleans(), seed=st.integers(0, 2**16))
+@example(B=1, pos=33, E=4, k=3, heads=(4, 4), d=16, qk=False, norm_topk=False, seed=1634)
 def test_decode_step_on_random_shapes(B, pos, E, k, heads, d, qk, norm_topk, seed):
     h_q, h_kv = heads
     assume(k <= E and (h_q * d) % 32 == 0 and (h_kv * d) % 32 == 0)   # the linear kernel has no tail code
     lay = Layer(64, 32, E, k, h_q, h_kv, d, qk_norm=qk, norm_topk=norm_topk, seed=seed)
-    check(lay, PATHS[-1] if "amx-emulated" not in PATHS else "amx-emulated", B, pos, seed=seed + 1, drawn=True)
+    check(lay, PATHS[-1] if "amx-emulated" not in PATHS else "amx-emulated", B, pos, seed=seed + 1, drawn=True,
+          tol=TOL_DRAWN)
 
 
 @pytest.mark.parametrize("isa", [PATHS[0], PATHS[-1]])
