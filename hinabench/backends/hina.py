@@ -1,7 +1,8 @@
 """hina: the HiNa-MoE expert-FFN kernel (paper Section 4), one backend per real ISA.
 
-No weight work at all: `prepare` does nothing with the weights and `run` reads them in place in the
-framework's layout (w13 [E, 2I, H] and w_down [E, H, I], rows contiguous; a projection's W [N, K]).
+No weight work at all: `prepare` only checks the weights (the prepared call a framework keeps per
+layer; the -numa variants' plan from where their pages are), never copies or converts them, and `run`
+reads them in place in the framework's layout (w13 [E, 2I, H] and w_down [E, H, I], rows contiguous; a projection's W [N, K]).
 See hinabench/kernels.py. A dense projection (`linear`) is the driver's single-matrix case: the same
 gather of the tokens and the same micro-kernels, W read in place.
 The "-numa" variants run the kernel's NUMA mode (numa="interleave-partitioned", Section 5) on the
