@@ -13,7 +13,10 @@
 //
 // What a traits struct provides
 //   every kernel      put_act(act, act_K, m, k, v): element k of token m's activation := v, in the
-//                     kernel's layout (transformation 2's store)
+//                     kernel's layout (transformation 2's store); or put_act_m(act, act_K, M, m, k, v)
+//                     where the layout depends on the token count M
+//   optional          outer(M) and mm_outer: the kernel's own loop nest where outer(M) says so (AVX2's
+//                     outer-product tiles, on its transposed layout of I and the activation)
 //   dot-product form  (AVX2, AVX-512: W rows and token rows both contiguous along K)
 //                     Elem          element of the packed I and activation
 //                     Acc, X, W     accumulator vector; one chunk of a token's I; one chunk of a W row
@@ -45,6 +48,12 @@ inline int split_pos(int j) { return (j & ~(C - 1)) | ((j & 1) * (C / 2)) | ((j 
 inline int imax(int a, int b) { return a > b ? a : b; }
 
 // ---- the stores of transformations 2 and 3 (every kernel) ---------------------------------------
+// Kn::put_act_m(act, act_K, M, m, k, v): put_act for a kernel whose activation layout depends on its
+// token count M (AVX2's transposed blocks); the stores below take it where a kernel has it.
+template <class Kn, class = void> struct HasPutActM { static constexpr bool value = false; };
+template <class Kn>
+struct HasPutActM<Kn, decltype(void(Kn::put_act_m(nullptr, 0, 0, 0, 0, 0.f)))> { static constexpr bool value = true; };
+
 // Transformation 2: activation columns [n0, n0+n) of tokens [m0, m0+M) = SiLU(g) * u, with g, u of
 // column j and token m at [j * ldg + m], written in the kernel's layout (Kn::put_act).
 // (SiLU first into a block of 64, a loop that vectorizes, then the kernel's stores.)
@@ -56,7 +65,10 @@ inline void store_act_block(void* act, int act_K, int n0, int n, int m0, int M, 
     for (int j0 = 0; j0 < n; j0 += 64) {
       const int jn = n - j0 < 64 ? n - j0 : 64;
       for (int j = 0; j < jn; ++j) s[j] = silu_mul(g[(j0 + j) * ldg + m], u[(j0 + j) * ldg + m]);
-      for (int j = 0; j < jn; ++j) Kn::put_act(act, act_K, m0 + m, n0 + j0 + j, s[j]);
+      for (int j = 0; j < jn; ++j) {
+        if constexpr (HasPutActM<Kn>::value) Kn::put_act_m(act, act_K, m0 + M, m0 + m, n0 + j0 + j, s[j]);
+        else Kn::put_act(act, act_K, m0 + m, n0 + j0 + j, s[j]);
+      }
     }
 }
 
@@ -320,6 +332,12 @@ void decode(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* i
 template <class Kn>
 thread_local ThreadScratch<typename Kn::Acc> tl_acc{nullptr, 0};
 
+// Kn::mm_outer(w, nrows, I, M, K, pc, np, o): a kernel's own loop nest where Kn::outer(M) (AVX2's
+// outer-product tiles from 16 tokens, on I and the activation in their transposed layout), the same
+// sums bit for bit.
+template <class Kn, class = void> struct HasOuter { static constexpr bool value = false; };
+template <class Kn> struct HasOuter<Kn, decltype(void(Kn::kOuterMinM))> { static constexpr bool value = true; };
+
 // C = W[rows, pieces] . I[M, K]^T, W rows given by pointers, all sharing the pieces `pc`; the loop
 // nest (Algorithm 1's, on vector registers) with the kernel's Blocking:
 //   M <= decode_max_m: decode.
@@ -345,6 +363,9 @@ void mm_rows(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int 
     for (int t = 0; t < M; ++t) in[t] = I + int64_t(t) * ILd<Kn>::of(K);
     decode<Kn>(w, nrows, in, M, pc, np, o);
     return;
+  }
+  if constexpr (HasOuter<Kn>::value) {
+    if (Kn::outer(M)) return Kn::mm_outer(w, nrows, I, M, K, pc, np, o);
   }
   int mb = B.mb_max;  // tokens per block
   if constexpr (B.mb_l2_bytes != 0)

@@ -21,7 +21,9 @@
 //     L2 while it streams its own, so the page-sized pieces never start cold. At M = 1 rows of
 //     at most one piece (2048 elements: Qwen3-30B-A3B's gate/up, every Qwen3 down projection) take
 //     4-row tiles with that prefetch too: each of their tiles starts on new pages.
-//   M > 6: K in groups of one piece, tokens in blocks whose fp32 I slice over a group (<= 256 KiB)
+//   M >= 16 (compute-bound): outer-product tiles, tokens along the vector (mm_outer, below); I and the
+//     activation written transposed in blocks of 32 tokens by transformations 1 and 2.
+//   M = 7..15: K in groups of one piece, tokens in blocks whose fp32 I slice over a group (<= 256 KiB)
 //     stays in L2; per 4 rows, each piece is cut into 512-element sub-blocks whose 4-row W slice
 //     (4 KiB) stays in L1 while the block's token pairs pass over it (4 x 2 tile, accumulators
 //     carried across a piece's sub-blocks), the next sub-block prefetched into L1. W is read from
@@ -107,11 +109,79 @@ struct Avx2 {
   static void prefetch(const bf16_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
   static void prefetch_l2(const bf16_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
 
-  static size_t packed_bytes(int M, int K) { return size_t(M) * K * sizeof(float); }
+  // From kOuterMinM tokens (the compute-bound regime) I and the activation are written transposed, in
+  // blocks of 32 tokens (element k of token m at (m / 32) * 32 * K + split_pos(k) * 32 + m % 32; the
+  // block padded to 32 tokens), and glue.h's mm_rows hands the products to mm_outer below: outer-product
+  // tiles over a transient fp32 copy of a W sub-block. Below it, token rows (fp32, split-16).
+  static constexpr int kOuterMinM = 16;
+  static bool outer(int M) { return M >= kOuterMinM; }
+  static void mm_outer(const bf16_t* const* w, int nrows, const float* I, int M, int K, const int32_t* pc,
+                       int np, Out o);
+
+  static size_t packed_bytes(int M, int K) { return size_t(outer(M) ? (M + 31) & ~31 : M) * K * sizeof(float); }
 
   // Transformation 1: gather x rows into I (fp32, split-16). Same two ops as the W conversion.
-  static void pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, void* I) {
-    float* dst = static_cast<float*>(I);
+  static void pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, void* I);
+
+  // Transformation 2's store: fp32, split-16, so the down projection runs the same tiles; M: the
+  // activation's tokens (its layout, above).
+  static void put_act_m(void* act, int act_K, int M, int m, int k, float v) {
+    float* a = static_cast<float*>(act);
+    if (outer(M)) a[int64_t(m & ~31) * act_K + int64_t(split_pos<kChunk>(k)) * 32 + (m & 31)] = v;
+    else a[int64_t(m) * act_K + split_pos<kChunk>(k)] = v;
+  }
+};
+
+// ---- the outer-product form (M >= kOuterMinM tokens) ---------------------------------------------
+// The dot-product tile's sum of row r and token t over a piece is, per lane l of its accumulator, the
+// chain a_l = fma(W[16c + 2l], I[16c + 2l], a_l); a_l = fma(W[16c + 2l + 1], I[16c + 2l + 1], a_l) over
+// the piece's chunks c, then hsum's tree ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). Here the
+// same chains run with tokens along the vector instead of K: per lane l, a W element broadcast times 8
+// tokens' I elements (an fp32 copy of I, transposed per token block: "transform I"), and the tree on
+// whole vectors at the piece's end. Same operations on the same values in the same order: the same bits
+// as the dot tiles (and so batch-independent). What it changes: no bf16 split in the inner loop (a W
+// sub-block of kOR rows x kOSub is converted once into an L1 fp32 buffer, the next one prefetched),
+// kOR x 2 accumulators of 8 tokens each (chains of 2 FMAs per chunk), and each W element loaded once per
+// 16 tokens. L1-resident, one thread: 1.16x the 4 x 2 dot tile's rate (91 against 78 GFLOP/s; 86 with the
+// conversion; 5 x 2 on fp32 W as dot tiles 77, outer 4 x 2 85, 3 x 3 74).
+// Measured in situ (Zen 3, 2 threads, one process, the two paths' blocks alternated, 10 rounds; the dot
+// path is the blocked one above): Mixtral-8x7B T = 64 0.88-0.89x the time (144 against 128 GFLOP/s),
+// T = 16 0.96x, Qwen3-30B-A3B T = 64 0.92-0.95x, T = 16 0.98x, DeepSeek-V3 T = 256 0.93x. Sub-blocks of
+// 256 (5 KiB of W, 16 KiB of I per tile) 0.95-0.96x, of 64 0.93-0.98x; I transposed per task instead of
+// by transformation 1 (the down projection's tasks each re-transposed 14336 x 32 tokens): 0.92-0.96x;
+// blocks of 64 tokens (each W sub-block converted for 4 tiles, not 2) no better (0.96-1.02x, a noisy
+// stretch). Knocking out the W conversion (wrong sums, same loads otherwise) took another 7-10% off: the
+// conversion and its DRAM stream are what is left beside the tiles.
+constexpr int kOR = 5;       // W rows per tile
+constexpr int kOSub = 128;   // K sub-block: W fp32 2.5 KiB, a 16-token I slice 8 KiB (L1)
+constexpr int kOMb = 32;     // tokens per block (one of I's transposed blocks)
+
+thread_local ThreadScratch<float> tl_wf{nullptr, 0};
+thread_local ThreadScratch<__m256> tl_oacc{nullptr, 0};
+
+// The 8 x 8 transpose of r[i][j] (i: token, j: position): d[j * ld + i] = r[i][j].
+inline void transpose8(const __m256 (&r)[8], float* d, int64_t ld) {
+  const __m256 a0 = _mm256_unpacklo_ps(r[0], r[1]), a1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 a2 = _mm256_unpacklo_ps(r[2], r[3]), a3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 a4 = _mm256_unpacklo_ps(r[4], r[5]), a5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 a6 = _mm256_unpacklo_ps(r[6], r[7]), a7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xEE);
+  const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE);
+  const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xEE);
+  const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xEE);
+  _mm256_store_ps(d + 0 * ld, _mm256_permute2f128_ps(b0, b4, 0x20));
+  _mm256_store_ps(d + 1 * ld, _mm256_permute2f128_ps(b1, b5, 0x20));
+  _mm256_store_ps(d + 2 * ld, _mm256_permute2f128_ps(b2, b6, 0x20));
+  _mm256_store_ps(d + 3 * ld, _mm256_permute2f128_ps(b3, b7, 0x20));
+  _mm256_store_ps(d + 4 * ld, _mm256_permute2f128_ps(b0, b4, 0x31));
+  _mm256_store_ps(d + 5 * ld, _mm256_permute2f128_ps(b1, b5, 0x31));
+  _mm256_store_ps(d + 6 * ld, _mm256_permute2f128_ps(b2, b6, 0x31));
+  _mm256_store_ps(d + 7 * ld, _mm256_permute2f128_ps(b3, b7, 0x31));
+}
+
+void Avx2::pack_tokens(const bf16_t* x, int64_t ldx, const int32_t* rows, int M, int K, void* I) {
+  float* dst = static_cast<float*>(I);
+  if (!outer(M)) {
     for (int m = 0; m < M; ++m) {
       const bf16_t* src = x + int64_t(rows[m]) * ldx;
       float* d = dst + int64_t(m) * K;
@@ -121,13 +191,151 @@ struct Avx2 {
         _mm256_storeu_ps(d + k + 8, odd_f32(v));
       }
     }
+    return;
   }
+  // transposed blocks of 32 tokens, 8 tokens at a time: their 16-element chunks split, then transposed
+  alignas(32) static const bf16_t zeros[kChunk] = {};
+  for (int m0 = 0; m0 < M; m0 += 8) {
+    const bf16_t* src[8];
+    for (int i = 0; i < 8; ++i) src[i] = m0 + i < M ? x + int64_t(rows[m0 + i]) * ldx : nullptr;
+    float* d = dst + int64_t(m0 & ~31) * K + (m0 & 31);
+    for (int k = 0; k < K; k += kChunk) {
+      __m256 e[8], o[8];
+      for (int i = 0; i < 8; ++i) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src[i] ? src[i] + k : zeros));
+        e[i] = even_f32(v);
+        o[i] = odd_f32(v);
+      }
+      transpose8(e, d + int64_t(k) * 32, 32);
+      transpose8(o, d + int64_t(k + 8) * 32, 32);
+    }
+  }
+  // the last block's missing tokens: zero
+  const int m_end = (M + 31) & ~31;
+  for (int m = (M + 7) & ~7; m < m_end; m += 8)
+    for (int p = 0; p < K; ++p) _mm256_store_ps(dst + int64_t(m & ~31) * K + int64_t(p) * 32 + (m & 31), _mm256_setzero_ps());
+}
 
-  // Transformation 2's store: fp32, split-16, so the down projection runs the same tiles.
-  static void put_act(void* act, int act_K, int m, int k, float v) {
-    static_cast<float*>(act)[int64_t(m) * act_K + split_pos<kChunk>(k)] = v;
+// R rows x TV vectors of 8 tokens over len elements (a multiple of 16) of a sub-block: wf the rows' fp32
+// copy (row stride kOSub, split-16 like I), it the tokens' transposed I at the sub-block's start (row
+// stride ldt), acc the carried lane accumulators [8][R][TV] (zero at a piece's first sub-block).
+template <int R, int TV>
+inline void outer_tile(const float* wf, int len, const float* it, int ldt, __m256* acc, bool first) {
+  #pragma GCC unroll 1
+  for (int l = 0; l < 8; ++l) {
+    __m256 a[R][TV];
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      #pragma GCC unroll 4
+      for (int v = 0; v < TV; ++v) a[r][v] = first ? _mm256_setzero_ps() : acc[(l * R + r) * TV + v];
+    for (int k = 0; k < len; k += 16) {
+      __m256 ie[TV], io[TV];
+      #pragma GCC unroll 4
+      for (int v = 0; v < TV; ++v) {
+        ie[v] = _mm256_load_ps(it + int64_t(k + l) * ldt + 8 * v);
+        io[v] = _mm256_load_ps(it + int64_t(k + 8 + l) * ldt + 8 * v);
+      }
+      #pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        __m256 b = _mm256_broadcast_ss(wf + r * kOSub + k + l);
+        #pragma GCC unroll 4
+        for (int v = 0; v < TV; ++v) a[r][v] = _mm256_fmadd_ps(b, ie[v], a[r][v]);
+        b = _mm256_broadcast_ss(wf + r * kOSub + k + 8 + l);
+        #pragma GCC unroll 4
+        for (int v = 0; v < TV; ++v) a[r][v] = _mm256_fmadd_ps(b, io[v], a[r][v]);
+      }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      #pragma GCC unroll 4
+      for (int v = 0; v < TV; ++v) acc[(l * R + r) * TV + v] = a[r][v];
   }
-};
+}
+
+// The piece's sums of R rows x TV token vectors (hsum's tree, on whole vectors) added into c[r * ldc + t]
+// for the first mc tokens.
+template <int R, int TV>
+inline void outer_sums(const __m256* acc, float* c, int64_t ldc, int mc) {
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < TV; ++v) {
+      auto lane = [&](int l) { return acc[(l * R + r) * TV + v]; };
+      const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(lane(0), lane(4)), _mm256_add_ps(lane(2), lane(6))),
+                                     _mm256_add_ps(_mm256_add_ps(lane(1), lane(5)), _mm256_add_ps(lane(3), lane(7))));
+      float* cr = c + r * ldc + 8 * v;
+      const int n = imin(8, mc - 8 * v);
+      if (n == 8) {
+        _mm256_storeu_ps(cr, _mm256_add_ps(_mm256_loadu_ps(cr), s));
+      } else {
+        alignas(32) float t[8];
+        _mm256_store_ps(t, s);
+        for (int i = 0; i < n; ++i) cr[i] += t[i];
+      }
+    }
+}
+
+// Rows [r, r + R) over the group's pieces [g0, g1) against a block of I (it: the group's first position,
+// 32 tokens a position, ext of them (mc rounded up to 8) read, mc real): per piece, sub-blocks of kOSub converted to fp32 (the next one prefetched into L2),
+// then each tile of 16 (or the last 8) tokens; the sums added at the piece's end.
+template <int R>
+void outer_rows(const bf16_t* const* w, int r, int nrows, const float* it, int64_t blk, int ext, int mc, const int32_t* pc,
+                int g0, int g1, Out o, float* wf, __m256* acc) {
+  const int gk0 = pc[2 * g0], gk1 = pc[2 * g1 - 1];
+  for (int p = g0; p < g1; ++p) {
+    const int k0 = pc[2 * p], k1 = pc[2 * p + 1];
+    for (int s0 = k0; s0 < k1; s0 += kOSub) {
+      const int s1 = imin(s0 + kOSub, k1);
+      // the next sub-block: these rows' next in the group, else the next R rows' first
+      const bf16_t* pf[R] = {};
+      if (s1 < gk1) for (int q = 0; q < R; ++q) pf[q] = w[r + q] + s1;
+      else if (r + 2 * R <= nrows) for (int q = 0; q < R; ++q) pf[q] = w[r + R + q] + gk0;
+      for (int q = 0; q < R; ++q) {
+        const bf16_t* src = w[r + q];
+        float* d = wf + q * kOSub - s0;
+        for (int k = s0; k < s1; k += 16) {
+          if (pf[q]) Avx2::prefetch_l2(pf[q] + (k - s0));
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
+          _mm256_store_ps(d + k, even_f32(v));
+          _mm256_store_ps(d + k + 8, odd_f32(v));
+        }
+      }
+      const bool first = s0 == k0;
+      int t = 0;
+      const float* its = it + int64_t(s0 - gk0) * 32;
+      for (; t + 16 <= ext; t += 16) outer_tile<R, 2>(wf, s1 - s0, its + (t >> 5) * blk + (t & 31), 32, acc + t / 8 * 8 * R, first);
+      if (t < ext) outer_tile<R, 1>(wf, s1 - s0, its + (t >> 5) * blk + (t & 31), 32, acc + t / 8 * 8 * R, first);
+    }
+    float* c = o.c + int64_t(r) * o.row_ld + p * o.piece_ld;
+    int t = 0;
+    for (; t + 16 <= ext; t += 16) outer_sums<R, 2>(acc + t / 8 * 8 * R, c + t, o.row_ld, imin(16, mc - t));
+    if (t < ext) outer_sums<R, 1>(acc + t / 8 * 8 * R, c + t, o.row_ld, mc - t);
+  }
+}
+
+void Avx2::mm_outer(const bf16_t* const* w, int nrows, const float* I, int M, int K, const int32_t* pc, int np,
+                    Out o) {
+  constexpr Blocking B = kBlocking;
+  float* wf = tl_wf.get(size_t(kOR) * kOSub);
+  __m256* acc = tl_oacc.get(size_t(8) * kOR * (kOMb / 8));
+  for (int g0 = 0; g0 < np;) {
+    int g1 = g0 + 1;
+    while (g1 < np && pc[2 * g1 + 1] - pc[2 * g0] <= B.k_group) ++g1;
+    for (int m0 = 0; m0 < M; m0 += kOMb) {
+      const int mc = imin(kOMb, M - m0), ext = (mc + 7) & ~7;
+      const float* it = I + int64_t(m0) * K + int64_t(pc[2 * g0]) * 32;
+      Out om{o.c + m0, o.row_ld, o.piece_ld};
+      int r = 0;
+      for (; r + kOR <= nrows; r += kOR) outer_rows<kOR>(w, r, nrows, it, int64_t(32) * K, ext, mc, pc, g0, g1, om, wf, acc);
+      switch (nrows - r) {
+        case 4: outer_rows<4>(w, r, nrows, it, int64_t(32) * K, ext, mc, pc, g0, g1, om, wf, acc); break;
+        case 3: outer_rows<3>(w, r, nrows, it, int64_t(32) * K, ext, mc, pc, g0, g1, om, wf, acc); break;
+        case 2: outer_rows<2>(w, r, nrows, it, int64_t(32) * K, ext, mc, pc, g0, g1, om, wf, acc); break;
+        case 1: outer_rows<1>(w, r, nrows, it, int64_t(32) * K, ext, mc, pc, g0, g1, om, wf, acc); break;
+        default: break;
+      }
+    }
+    g0 = g1;
+  }
+}
 
 }  // namespace
 
