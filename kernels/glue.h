@@ -55,7 +55,8 @@ template <class Kn>
 struct HasPutActM<Kn, decltype(void(Kn::put_act_m(nullptr, 0, 0, 0, 0, 0.f)))> { static constexpr bool value = true; };
 
 // Transformation 2: activation columns [n0, n0+n) of tokens [m0, m0+M) = SiLU(g) * u, with g, u of
-// column j and token m at [j * ldg + m], written in the kernel's layout (Kn::put_act).
+// column j and token m at [j * ldg + m], written in the kernel's layout (Kn::put_act, or Kn::put_act_m
+// with the token count m0 + M: every caller passes m0 = 0, M = all the activation's tokens).
 // (SiLU first into a block of 64, a loop that vectorizes, then the kernel's stores.)
 template <class Kn>
 inline void store_act_block(void* act, int act_K, int n0, int n, int m0, int M, const float* g,
