@@ -333,6 +333,13 @@ void decode(const bf16_t* const* w, int nrows, const typename Kn::Elem* const* i
 template <class Kn>
 thread_local ThreadScratch<typename Kn::Acc> tl_acc{nullptr, 0};
 
+// The end of the K group that starts at piece g0: the pieces from g0 spanning <= k_group (at least one).
+inline int group_end(const int32_t* pc, int np, int g0, int k_group) {
+  int g1 = g0 + 1;
+  while (g1 < np && pc[2 * g1 + 1] - pc[2 * g0] <= k_group) ++g1;
+  return g1;
+}
+
 // Kn::mm_outer(w, nrows, I, M, K, pc, np, o): a kernel's own loop nest where Kn::outer(M) (AVX2's
 // outer-product tiles from 16 tokens, on I and the activation in their transposed layout), the same
 // sums bit for bit.
@@ -423,17 +430,12 @@ void mm_rows(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int 
       }
     }
   };
-  auto group_end = [&](int g0) {  // pieces from g0 spanning <= k_group
-    int g1 = g0 + 1;
-    while (g1 < np && pc[2 * g1 + 1] - pc[2 * g0] <= B.k_group) ++g1;
-    return g1;
-  };
   if constexpr (B.token_blocks_outer) {
     for (int m0 = 0; m0 < M; m0 += mb)
-      for (int g0 = 0; g0 < np;) { const int g1 = group_end(g0); block(g0, g1, m0); g0 = g1; }
+      for (int g0 = 0; g0 < np;) { const int g1 = group_end(pc, np, g0, B.k_group); block(g0, g1, m0); g0 = g1; }
   } else {
     for (int g0 = 0; g0 < np;) {
-      const int g1 = group_end(g0);
+      const int g1 = group_end(pc, np, g0, B.k_group);
       for (int m0 = 0; m0 < M; m0 += mb) block(g0, g1, m0);
       g0 = g1;
     }

@@ -277,7 +277,7 @@ inline void outer_sums(const __m256* acc, float* c, int64_t ldc, int mc) {
 // 32 tokens a position, ext of them (mc rounded up to 8) read, mc real): per piece, sub-blocks of kOSub converted to fp32 (the next one prefetched into L2),
 // then each tile of 16 (or the last 8) tokens; the sums added at the piece's end.
 template <int R>
-void outer_rows(const bf16_t* const* w, int r, int nrows, const float* it, int64_t blk, int ext, int mc, const int32_t* pc,
+void outer_rows(const bf16_t* const* w, int r, int nrows, const float* it, int ext, int mc, const int32_t* pc,
                 int g0, int g1, Out o, float* wf, __m256* acc) {
   const int gk0 = pc[2 * g0], gk1 = pc[2 * g1 - 1];
   for (int p = g0; p < g1; ++p) {
@@ -301,8 +301,8 @@ void outer_rows(const bf16_t* const* w, int r, int nrows, const float* it, int64
       const bool first = s0 == k0;
       int t = 0;
       const float* its = it + int64_t(s0 - gk0) * 32;
-      for (; t + 16 <= ext; t += 16) outer_tile<R, 2>(wf, s1 - s0, its + (t >> 5) * blk + (t & 31), 32, acc + t / 8 * 8 * R, first);
-      if (t < ext) outer_tile<R, 1>(wf, s1 - s0, its + (t >> 5) * blk + (t & 31), 32, acc + t / 8 * 8 * R, first);
+      for (; t + 16 <= ext; t += 16) outer_tile<R, 2>(wf, s1 - s0, its + t, 32, acc + t / 8 * 8 * R, first);
+      if (t < ext) outer_tile<R, 1>(wf, s1 - s0, its + t, 32, acc + t / 8 * 8 * R, first);
     }
     float* c = o.c + int64_t(r) * o.row_ld + p * o.piece_ld;
     int t = 0;
@@ -317,19 +317,18 @@ void Avx2::mm_outer(const bf16_t* const* w, int nrows, const float* I, int M, in
   float* wf = tl_wf.get(size_t(kOR) * kOSub);
   __m256* acc = tl_oacc.get(size_t(8) * kOR * (kOMb / 8));
   for (int g0 = 0; g0 < np;) {
-    int g1 = g0 + 1;
-    while (g1 < np && pc[2 * g1 + 1] - pc[2 * g0] <= B.k_group) ++g1;
+    const int g1 = group_end(pc, np, g0, B.k_group);
     for (int m0 = 0; m0 < M; m0 += kOMb) {
       const int mc = imin(kOMb, M - m0), ext = (mc + 7) & ~7;
       const float* it = I + int64_t(m0) * K + int64_t(pc[2 * g0]) * 32;
       Out om{o.c + m0, o.row_ld, o.piece_ld};
       int r = 0;
-      for (; r + kOR <= nrows; r += kOR) outer_rows<kOR>(w, r, nrows, it, int64_t(32) * K, ext, mc, pc, g0, g1, om, wf, acc);
+      for (; r + kOR <= nrows; r += kOR) outer_rows<kOR>(w, r, nrows, it, ext, mc, pc, g0, g1, om, wf, acc);
       switch (nrows - r) {
-        case 4: outer_rows<4>(w, r, nrows, it, int64_t(32) * K, ext, mc, pc, g0, g1, om, wf, acc); break;
-        case 3: outer_rows<3>(w, r, nrows, it, int64_t(32) * K, ext, mc, pc, g0, g1, om, wf, acc); break;
-        case 2: outer_rows<2>(w, r, nrows, it, int64_t(32) * K, ext, mc, pc, g0, g1, om, wf, acc); break;
-        case 1: outer_rows<1>(w, r, nrows, it, int64_t(32) * K, ext, mc, pc, g0, g1, om, wf, acc); break;
+        case 4: outer_rows<4>(w, r, nrows, it, ext, mc, pc, g0, g1, om, wf, acc); break;
+        case 3: outer_rows<3>(w, r, nrows, it, ext, mc, pc, g0, g1, om, wf, acc); break;
+        case 2: outer_rows<2>(w, r, nrows, it, ext, mc, pc, g0, g1, om, wf, acc); break;
+        case 1: outer_rows<1>(w, r, nrows, it, ext, mc, pc, g0, g1, om, wf, acc); break;
         default: break;
       }
     }
