@@ -40,13 +40,13 @@ inline size_t a64(size_t n) { return (n + 63) & ~size_t(63); }
 //   prefetch[M]  0: none; 2: while a tile streams its rows, the next tile's rows are prefetched into
 //                L2 (the tile's own loads then find them there: more lines in flight per core);
 //   interleave   gate_up's tiles take gate and up rows alternately (two streams far apart per core);
-//   spread       a tile's rows are a task's n / R rows apart (tile t: rows t, t + n/R, ...; with
+//   spread[M]    (M as rows[]; 0: the blocked path) a tile's rows are a task's n / R rows apart (tile t: rows t, t + n/R, ...; with
 //                interleave, pairs of gate and up rows), not adjacent: each row of a tile is then its own
 //                stream in its own pages, and each stream goes on into the next tile (row t + 1). On the
 //                2-vCPU AMX Xeon (2026-12-01, Qwen3-30B-A3B int8, T = 1, 2 threads, weights
 //                streamed from DRAM): AVX-512 VNNI 1.91 -> 1.65 ms, AVX2 int8 2.02 -> 1.73, AVX2 fp8
-//                2.33 -> 1.81 (64-row tasks). The AVX2 kernels keep it off: their blocking was chosen on
-//                Zen 3, where this was not measured.
+//                2.33 -> 1.81 (64-row tasks). The AVX2 kernels take it at M = 1 only (measured on Zen 3,
+//                2026-12-07: quant_avx2.cpp's kAvx2Blocking).
 // More tokens: rows[0] rows x kTokTile tokens per tile, no prefetch; K whole while M x K <= kWholeK (the
 // tokens' int8 or bf16 slice in L2), else in blocks of 1024. K in blocks of 1024 at M = 8 cut every W row
 // into 1 KiB pieces visited in turn across all of a task's rows (a 1 KiB read per row and pass, the
@@ -60,7 +60,7 @@ struct QBlocking {
   int rows[kTokTile + 1];
   int prefetch[kTokTile + 1];
   bool interleave;
-  bool spread;
+  bool spread[kTokTile + 1];   // by M as rows[] (0: the blocked path)
 };
 
 template <int N> struct IntC { static constexpr int value = N; };
@@ -357,7 +357,7 @@ void q_gate_up_decode(const QGateUpTask& t) {
     return il ? p / 2 : up ? p - t.n : p;
   };
   decode_rows<Kn, R, TT, B.prefetch[TT]>(
-      0, N, 2, B.spread && il && R % 2 == 0 && N % R == 0, t.I, t.K, t.group,
+      0, N, 2, B.spread[TT] && il && R % 2 == 0 && N % R == 0, t.I, t.K, t.group,
       [&](int p, const int8_t*& w, const float*& sw) {
         bool up;
         const int row = t.n0 + up_j(p, up);
@@ -378,7 +378,7 @@ void q_down_decode(const QDownTask& t) {
   constexpr int R = B.rows[TT];
   float* y = t.y + t.n0;
   decode_rows<Kn, R, TT, B.prefetch[TT]>(
-      0, t.n, 1, B.spread && t.n % R == 0, t.act, t.K, t.group,
+      0, t.n, 1, B.spread[TT] && t.n % R == 0, t.act, t.K, t.group,
       [&](int p, const int8_t*& w, const float*& sw) {
         w = t.w + int64_t(t.n0 + p) * t.ldw;
         sw = Kn::scale_row(t.s, t.lds, t.n0 + p, t.group);
@@ -409,7 +409,7 @@ void q_gate_up(const QGateUpTask& t) {
   const int8_t** rows = tl_w.get(size_t(2) * t.n);
   const float** srows = tl_s.get(size_t(2) * t.n);
   constexpr bool il = Bl::kBlocking.interleave;
-  const int per = (Bl::kBlocking.spread && il) ? tile_rows<Kn, Bl>(t.M) / 2 : 1;
+  const int per = (Bl::kBlocking.spread[0] && il) ? tile_rows<Kn, Bl>(t.M) / 2 : 1;
   const int* pos = spread_table(t.n, per, tl_pos.get(size_t(t.n)));
   for (int j = 0; j < t.n; ++j) {
     const int row = t.n0 + j;
@@ -431,7 +431,7 @@ void q_down(const QDownTask& t) {
   if (by_tokens(t.M, [&](auto tt) { q_down_decode<Kn, Bl, decltype(tt)::value>(t); })) return;
   const int8_t** rows = tl_w.get(size_t(t.n));
   const float** srows = tl_s.get(size_t(t.n));
-  const int per = Bl::kBlocking.spread ? tile_rows<Kn, Bl>(t.M) : 1;
+  const int per = Bl::kBlocking.spread[0] ? tile_rows<Kn, Bl>(t.M) : 1;
   const int* pos = spread_table(t.n, per, tl_pos.get(size_t(t.n)));
   for (int j = 0; j < t.n; ++j) {
     const int pj = pos[j];

@@ -20,7 +20,8 @@
 //     was the same rows' next piece, else the next rows' first: see glue.h's rows_x_tokens) into
 //     L2 while it streams its own, so the page-sized pieces never start cold. At M = 1 rows of
 //     at most one piece (2048 elements: Qwen3-30B-A3B's gate/up, every Qwen3 down projection) take
-//     4-row tiles with that prefetch too: each of their tiles starts on new pages.
+//     4-row tiles with that prefetch too: each of their tiles starts on new pages. A tile's rows are
+//     taken far apart (decode_far, round 3): each its own stream in its own pages.
 //   M >= 16 (compute-bound): outer-product tiles, tokens along the vector (mm_outer, below); I and the
 //     activation written transposed in blocks of 32 tokens by transformations 1 and 2.
 //   M = 7..15: K in groups of one piece, tokens in blocks whose fp32 I slice over a group (<= 256 KiB)
@@ -49,6 +50,15 @@
 // token blocks outside the K groups, L2 budgets 128/384 KiB, L2 instead of L1 for the blocked
 // prefetch (all within the MAD). The M = 1 short-row case: Qwen3-30B-A3B T = 1 1.08x (4.27 vs
 // 4.62 ms, 9 rounds), Mixtral-8x7B, Qwen2-57B, Qwen3-235B within the MAD.
+// Round 3 (2026-12-07, Zen 3; one process, the two blockings alternated, 8 rounds, 2 threads, weights
+// of two expert sets rotated; new / old time): decode tiles take their rows far apart (decode_far: a
+// tile's rows from as many equal segments of the task's rows, a gate row and its up row together; each
+// row its own stream in its own pages) instead of adjacent: T = 1 Mixtral-8x7B 0.87x (18.2 vs 20.9 ms),
+// DeepSeek-V3 0.87x, Qwen3-235B-A22B 0.93x, Qwen3-30B-A3B 0.91x, Qwen2-57B-A14B 1.00x; T = 2 Mixtral
+// 0.92x, DeepSeek 0.84x; T = 4 0.95x / 0.91x, Qwen3 1.04x (within its MAD). Tried beside it and not
+// kept: two chunks of a row read together (decode_unroll 2; Zen 5's): T = 1 0.93 / 0.98x (within the
+// MAD), T = 2 / 4 1.02-1.06x; 4 far rows at M = 1 with the next tile's L2 prefetch: Mixtral 0.93x, Qwen3
+// and DeepSeek 1.00-1.01x; 4 far rows without it: 1.01-1.03x.
 // Round 1, tried and measured slower on Mixtral at T = 3..16: W converted once per 4-row
 // sub-block into an fp32 L1 buffer and run through a 4 x 3 fp32 tile (faster in L1, ~80 vs ~60
 // GFLOP/s, but the conversion pass exposes DRAM latency: T = 4 60 vs 47 ms); 2 x M whole-piece
@@ -78,7 +88,7 @@ struct Avx2 {
   static constexpr int kChunk = 16;  // bf16 elements per W load
 
   // Blocking (see the header): decode up to 6 tokens (M = 1: 8 rows; M = 2: 4 rows; M = 3..6:
-  // 2 rows; from M = 2 the next tile prefetched into L2); M > 6: 4 x 2 tiles, K groups of one
+  // 2 rows; from M = 2 the next tile prefetched into L2; a tile's rows far apart); M > 6: 4 x 2 tiles, K groups of one
   // piece, 512-element sub-blocks (4 W rows = 4 KiB bf16 in L1), token blocks of 4..32 whose fp32
   // I slice over a group fits 256 KiB of L2, the next sub-block prefetched into L1; gate and up
   // rows interleaved.
@@ -88,7 +98,7 @@ struct Avx2 {
       /*mb_max=*/32, /*mb_min=*/4, /*mb_l2_bytes=*/256 << 10,
       /*token_blocks_outer=*/false, /*prefetch_next=*/1, /*decode_prefetch=*/{0, 0, 2, 2, 2, 2, 2},
       /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/4,
-      /*decode_short_prefetch=*/2};
+      /*decode_short_prefetch=*/2, /*decode_far=*/true};
 
   static Acc zero() { return _mm256_setzero_ps(); }
   static X load_x(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
@@ -150,7 +160,9 @@ struct Avx2 {
 // 256 (5 KiB of W, 16 KiB of I per tile) 0.95-0.96x, of 64 0.93-0.98x; I transposed per task instead of
 // by transformation 1 (the down projection's tasks each re-transposed 14336 x 32 tokens): 0.92-0.96x;
 // blocks of 64 tokens (each W sub-block converted for 4 tiles, not 2) no better (0.96-1.02x, a noisy
-// stretch). Knocking out the W conversion (wrong sums, same loads otherwise) took another 7-10% off: the
+// stretch). From 8 tokens (the last block's 8-token tile: 5, 8, 10 or 12 rows x 8 tokens, the same bits)
+// against the blocked dot tiles at T = 8 (2026-12-07, same method, 6 rounds): 1.28-1.38x the time (87 against
+// 111 GFLOP/s with 10 rows): a broadcast and an FMA per 8 tokens bind on the loads. Knocking out the W conversion (wrong sums, same loads otherwise) took another 7-10% off: the
 // conversion and its DRAM stream are what is left beside the tiles.
 constexpr int kOR = 5;       // W rows per tile
 constexpr int kOSub = 128;   // K sub-block: W fp32 2.5 KiB, a 16-token I slice 8 KiB (L1)

@@ -205,8 +205,14 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const float* 
 //            8 rows with the prefetch at M = 1: 0.93x; 2 rows with it: 0.95x of the kept one;
 //            4 rows with it at M = 2: 0.82-0.92x; no prefetch at M = 2: 0.92x; 1 row at M = 3, 4:
 //            0.87-0.91x; the kept blocking without the interleave: 0.95-0.99x.
+// Spread (QBlocking::spread: a tile's rows a task's n / R rows apart, each its own stream), measured on
+// Zen 3 on 2026-12-07 (one process, the two blockings alternated, 8-10 rounds, two expert sets rotated,
+// g = 128, 2 threads; new / old time, median of each): int8 T = 1 Mixtral-8x7B 0.92 / 0.91 / 0.95x (three
+// runs), Qwen3-30B-A3B 0.74 / 0.84x, DeepSeek-V3 0.90x, Qwen2-57B-A14B 0.92x; fp8 T = 1 Mixtral 0.98x,
+// Qwen3 0.96 / 0.95x; from M = 2 no gain (int8 T = 2 Mixtral 1.03x, Qwen3 0.93x; T = 4 1.09x / 0.99x,
+// within the MADs of a slow stretch): taken at M = 1 only.
 constexpr QBlocking kAvx2Blocking{/*rows=*/{2, 4, 2, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
-                                  /*spread=*/false};
+                                  /*spread=*/{false, true, false, false, false}};
 
 struct Int8Kn {
   static constexpr Dtype dtype = Dtype::int8;

@@ -528,7 +528,7 @@ struct VnniKn {
   // prefetch at T = 1, 2) from DRAM 1.26 / 1.13x the time, from the L3 0.90 / 0.90x: the L2 prefetch is
   // what the DRAM stream needs here.
   static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 4, 4}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
-                                       /*spread=*/true};
+                                       /*spread=*/{true, true, true, true, true}};
   static constexpr int task_rows = 256;
   // Zen 5's (AMD family >= 26, or HINA_AVX512_BLOCKING=zen5: the BF16 kernel's switch, microkernel.h):
   // one token 2 rows a tile, no prefetch at 1 and 2 tokens, tasks of 512 rows. On Zen 5 (2026-12-05, 2
@@ -554,7 +554,7 @@ struct VnniKn {
   // the compensation and the per-group scaling altogether, wrong sums: 0.96-1.00x).
   struct Zen5 {
     static constexpr QBlocking kBlocking{/*rows=*/{2, 2, 4, 4, 4}, /*prefetch=*/{0, 0, 0, 2, 2}, /*interleave=*/true,
-                                         /*spread=*/true};
+                                         /*spread=*/{true, true, true, true, true}};
     static constexpr int task_rows = 1024;
   };
   static constexpr bool kAltBlocking = true;
@@ -826,7 +826,7 @@ struct Fp8Kn {
   // (AMX CPUs) took 4 rows at M = 2..4 as measured there before (T = 4 from L3: 2.7 ms, against 3.2);
   // 2 rows at M = 3, 4 are not measured on such a CPU.
   static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
-                                       /*spread=*/true};
+                                       /*spread=*/{true, true, true, true, true}};
   static constexpr int task_rows = 256;
   // Zen 5's (the switch as VnniKn's): no prefetch at 1 token, tasks of 512 rows. On Zen 5 (2026-12-05,
   // as VnniKn's), against the default: T = 1 0.91x the time (Mixtral-8x7B), 0.92x (Qwen3-30B-A3B); T = 2
@@ -834,7 +834,7 @@ struct Fp8Kn {
   // tokens too (T = 1 0.97 / 0.95x, T = 2 1.06 / 0.93x).
   struct Zen5 {
     static constexpr QBlocking kBlocking{/*rows=*/{2, 4, 4, 2, 2}, /*prefetch=*/{0, 0, 2, 2, 2}, /*interleave=*/true,
-                                         /*spread=*/true};
+                                         /*spread=*/{true, true, true, true, true}};
     static constexpr int task_rows = 512;
   };
   static constexpr bool kAltBlocking = true;
