@@ -40,9 +40,10 @@ inline size_t a64(size_t n) { return (n + 63) & ~size_t(63); }
 //   prefetch[M]  0: none; 2: while a tile streams its rows, the next tile's rows are prefetched into
 //                L2 (the tile's own loads then find them there: more lines in flight per core);
 //   interleave   gate_up's tiles take gate and up rows alternately (two streams far apart per core);
-//   spread[M]    (M as rows[]; 0: the blocked path) a tile's rows are a task's n / R rows apart (tile t: rows t, t + n/R, ...; with
-//                interleave, pairs of gate and up rows), not adjacent: each row of a tile is then its own
-//                stream in its own pages, and each stream goes on into the next tile (row t + 1). On the
+//   spread[M]    (by M as rows[]; 0: the blocked path) a tile's rows are a task's n / R rows apart
+//                (tile t: rows t, t + n/R, ...; with interleave, pairs of gate and up rows), not adjacent:
+//                each row of a tile is then its own stream in its own pages, and each stream goes on into
+//                the next tile (row t + 1). On the
 //                2-vCPU AMX Xeon (2026-12-01, Qwen3-30B-A3B int8, T = 1, 2 threads, weights
 //                streamed from DRAM): AVX-512 VNNI 1.91 -> 1.65 ms, AVX2 int8 2.02 -> 1.73, AVX2 fp8
 //                2.33 -> 1.81 (64-row tasks). The AVX2 kernels take it at M = 1 only (measured on Zen 3,

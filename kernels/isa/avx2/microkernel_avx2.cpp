@@ -88,10 +88,10 @@ struct Avx2 {
   static constexpr int kChunk = 16;  // bf16 elements per W load
 
   // Blocking (see the header): decode up to 6 tokens (M = 1: 8 rows; M = 2: 4 rows; M = 3..6:
-  // 2 rows; from M = 2 the next tile prefetched into L2; a tile's rows far apart); M > 6: 4 x 2 tiles, K groups of one
-  // piece, 512-element sub-blocks (4 W rows = 4 KiB bf16 in L1), token blocks of 4..32 whose fp32
-  // I slice over a group fits 256 KiB of L2, the next sub-block prefetched into L1; gate and up
-  // rows interleaved.
+  // 2 rows; from M = 2 the next tile prefetched into L2; a tile's rows far apart); M > 6: 4 x 2
+  // tiles, K groups of one piece, 512-element sub-blocks (4 W rows = 4 KiB bf16 in L1), token blocks
+  // of 4..32 whose fp32 I slice over a group fits 256 KiB of L2, the next sub-block prefetched into
+  // L1; gate and up rows interleaved.
   static constexpr Blocking kBlocking{
       /*task_rows=*/64, /*decode_max_m=*/6, /*decode_rows=*/{0, 8, 4, 2, 2, 2, 2},
       /*mr=*/4, /*nr=*/2, /*k_group=*/2048, /*k_sub=*/512,
@@ -160,10 +160,12 @@ struct Avx2 {
 // 256 (5 KiB of W, 16 KiB of I per tile) 0.95-0.96x, of 64 0.93-0.98x; I transposed per task instead of
 // by transformation 1 (the down projection's tasks each re-transposed 14336 x 32 tokens): 0.92-0.96x;
 // blocks of 64 tokens (each W sub-block converted for 4 tiles, not 2) no better (0.96-1.02x, a noisy
-// stretch). From 8 tokens (the last block's 8-token tile: 5, 8, 10 or 12 rows x 8 tokens, the same bits)
-// against the blocked dot tiles at T = 8 (2026-12-07, same method, 6 rounds): 1.28-1.38x the time (87 against
-// 111 GFLOP/s with 10 rows): a broadcast and an FMA per 8 tokens bind on the loads. Knocking out the W conversion (wrong sums, same loads otherwise) took another 7-10% off: the
-// conversion and its DRAM stream are what is left beside the tiles.
+// stretch). From 8 tokens (the block's one 8-token tile, R rows x 8 tokens, the same bits) against the
+// blocked dot tiles at T = 8 (2026-12-07, same method, 6 rounds): 10 rows 1.28x the time (87 against 111
+// GFLOP/s), 5 rows 1.38x; 8 and 12 rows ~1.4x in a noisy run. With one token vector a W broadcast feeds
+// one FMA (likely the loads bind; not counted: no perf counters here). Knocking out the W
+// conversion (wrong sums, same loads otherwise) took another 7-10% off: the conversion and its DRAM stream
+// are what is left beside the tiles.
 constexpr int kOR = 5;       // W rows per tile
 constexpr int kOSub = 128;   // K sub-block: W fp32 2.5 KiB, a 16-token I slice 8 KiB (L1)
 constexpr int kOMb = 32;     // tokens per block (one of I's transposed blocks)
