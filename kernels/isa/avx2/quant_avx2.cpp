@@ -210,7 +210,8 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const float* 
 // g = 128, 2 threads; new / old time, median of each): int8 T = 1 Mixtral-8x7B 0.92 / 0.91 / 0.95x (three
 // runs), Qwen3-30B-A3B 0.74 / 0.84x, DeepSeek-V3 0.90x, Qwen2-57B-A14B 0.92x; fp8 T = 1 Mixtral 0.98x,
 // Qwen3 0.96 / 0.95x; from M = 2 no gain (int8 T = 2 Mixtral 1.03x, Qwen3 0.93x; T = 4 1.09x / 0.99x,
-// within the MADs of a slow stretch): taken at M = 1 only.
+// within the MADs of a slow stretch): taken at M = 1 only. 4 spread rows at M = 2 and 4 (the AVX-512 VNNI
+// kernel's choice) were slower: int8 T = 2 1.05x / 1.00x, T = 4 1.15x / 1.13x (Mixtral / Qwen3, 8 rounds).
 constexpr QBlocking kAvx2Blocking{/*rows=*/{2, 4, 2, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
                                   /*spread=*/{false, true, false, false, false}};
 
