@@ -15,7 +15,7 @@
 // Blocking (Algorithm 1's loop nest on vector registers): R W rows x TT tokens of accumulators
 // (dot_tile), each taking 2 FMAs per 16 elements of K.
 //   M <= 6 tokens (decode, memory-bound): every W row is streamed from memory exactly once per
-//     call, all tokens in registers: 8 rows at a time (M = 1), 4 (M = 2), 2 (M = 3..6); from M = 2
+//     call, all tokens in registers: 8 rows at a time (M = 1), 4 (M = 2..4), 2 (M = 5, 6); from M = 2
 //     each tile prefetches the next tile's W (the next rows' same piece as the one it streams; it
 //     was the same rows' next piece, else the next rows' first: see glue.h's rows_x_tokens) into
 //     L2 while it streams its own, so the page-sized pieces never start cold. At M = 1 rows of
@@ -58,7 +58,10 @@
 // 0.92x, DeepSeek 0.84x; T = 4 0.95x / 0.91x, Qwen3 1.04x (within its MAD). Tried beside it and not
 // kept: two chunks of a row read together (decode_unroll 2; Zen 5's): T = 1 0.93 / 0.98x (within the
 // MAD), T = 2 / 4 1.02-1.06x; 4 far rows at M = 1 with the next tile's L2 prefetch: Mixtral 0.93x, Qwen3
-// and DeepSeek 1.00-1.01x; 4 far rows without it: 1.01-1.03x.
+// and DeepSeek 1.00-1.01x; 4 far rows without it: 1.01-1.03x. With the far rows, 4 rows a tile instead of
+// 2 at M = 3 and 4 (kept; same method, far rows on both sides): T = 3 Mixtral 0.90x, Qwen3-30B-A3B 0.86x,
+// DeepSeek 0.88 / 0.91x; T = 4 0.97x / 0.95x / 0.96x; at M = 5 and 6 (4 x 5, 4 x 6 accumulators: more
+// than AVX2's 16 registers) 1.03x / 0.99x and 1.07x / 1.07x (Mixtral / Qwen3): 2 rows kept there.
 // Round 1, tried and measured slower on Mixtral at T = 3..16: W converted once per 4-row
 // sub-block into an fp32 L1 buffer and run through a 4 x 3 fp32 tile (faster in L1, ~80 vs ~60
 // GFLOP/s, but the conversion pass exposes DRAM latency: T = 4 60 vs 47 ms); 2 x M whole-piece
@@ -87,13 +90,13 @@ struct Avx2 {
   struct W { __m256 even, odd; };    // 16 elements of a W row, as fp32
   static constexpr int kChunk = 16;  // bf16 elements per W load
 
-  // Blocking (see the header): decode up to 6 tokens (M = 1: 8 rows; M = 2: 4 rows; M = 3..6:
+  // Blocking (see the header): decode up to 6 tokens (M = 1: 8 rows; M = 2..4: 4 rows; M = 5, 6:
   // 2 rows; from M = 2 the next tile prefetched into L2; a tile's rows far apart); M > 6: 4 x 2
   // tiles, K groups of one piece, 512-element sub-blocks (4 W rows = 4 KiB bf16 in L1), token blocks
   // of 4..32 whose fp32 I slice over a group fits 256 KiB of L2, the next sub-block prefetched into
   // L1; gate and up rows interleaved.
   static constexpr Blocking kBlocking{
-      /*task_rows=*/64, /*decode_max_m=*/6, /*decode_rows=*/{0, 8, 4, 2, 2, 2, 2},
+      /*task_rows=*/64, /*decode_max_m=*/6, /*decode_rows=*/{0, 8, 4, 4, 4, 2, 2},
       /*mr=*/4, /*nr=*/2, /*k_group=*/2048, /*k_sub=*/512,
       /*mb_max=*/32, /*mb_min=*/4, /*mb_l2_bytes=*/256 << 10,
       /*token_blocks_outer=*/false, /*prefetch_next=*/1, /*decode_prefetch=*/{0, 0, 2, 2, 2, 2, 2},
