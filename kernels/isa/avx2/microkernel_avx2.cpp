@@ -60,8 +60,9 @@
 // MAD), T = 2 / 4 1.02-1.06x; 4 far rows at M = 1 with the next tile's L2 prefetch: Mixtral 0.93x, Qwen3
 // and DeepSeek 1.00-1.01x; 4 far rows without it: 1.01-1.03x. With the far rows, 4 rows a tile instead of
 // 2 at M = 3 and 4 (kept; same method, far rows on both sides): T = 3 Mixtral 0.90x, Qwen3-30B-A3B 0.86x,
-// DeepSeek 0.88 / 0.91x; T = 4 0.97x / 0.95x / 0.96x; at M = 5 and 6 (4 x 5, 4 x 6 accumulators: more
-// than AVX2's 16 registers) 1.03x / 0.99x and 1.07x / 1.07x (Mixtral / Qwen3): 2 rows kept there.
+// DeepSeek 0.88 / 0.91x; T = 4 0.97x / 0.95x / 0.96x (16 accumulators, as many as AVX2 has registers,
+// besides W and I: not checked for spills); at M = 5 and 6 (20, 24 accumulators) 1.03x / 0.99x and 1.07x / 1.07x (Mixtral /
+// Qwen3): 2 rows kept there.
 // Round 1, tried and measured slower on Mixtral at T = 3..16: W converted once per 4-row
 // sub-block into an fp32 L1 buffer and run through a 4 x 3 fp32 tile (faster in L1, ~80 vs ~60
 // GFLOP/s, but the conversion pass exposes DRAM latency: T = 4 60 vs 47 ms); 2 x M whole-piece
