@@ -61,8 +61,8 @@
 // and DeepSeek 1.00-1.01x; 4 far rows without it: 1.01-1.03x. With the far rows, 4 rows a tile instead of
 // 2 at M = 3 and 4 (kept; same method, far rows on both sides): T = 3 Mixtral 0.90x, Qwen3-30B-A3B 0.86x,
 // DeepSeek 0.88 / 0.91x; T = 4 0.97x / 0.95x / 0.96x (16 accumulators, as many as AVX2 has registers,
-// besides W and I: not checked for spills); at M = 5 and 6 (20, 24 accumulators) 1.03x / 0.99x and 1.07x / 1.07x (Mixtral /
-// Qwen3): 2 rows kept there.
+// besides W and I: not checked for spills); at M = 5 and 6 (20, 24 accumulators) 1.03x / 0.99x and
+// 1.07x / 1.07x (Mixtral / Qwen3): 2 rows kept there.
 // Round 1, tried and measured slower on Mixtral at T = 3..16: W converted once per 4-row
 // sub-block into an fp32 L1 buffer and run through a 4 x 3 fp32 tile (faster in L1, ~80 vs ~60
 // GFLOP/s, but the conversion pass exposes DRAM latency: T = 4 60 vs 47 ms); 2 x M whole-piece
@@ -167,9 +167,9 @@ struct Avx2 {
 // stretch). From 8 tokens (the block's one 8-token tile, R rows x 8 tokens, the same bits) against the
 // blocked dot tiles at T = 8 (2026-12-07, same method, 6 rounds): 10 rows 1.28x the time (87 against 111
 // GFLOP/s), 5 rows 1.38x; 8 and 12 rows ~1.4x in a noisy run. With one token vector a W broadcast feeds
-// one FMA (likely the loads bind; not counted: no perf counters here). Knocking out the W
-// conversion (wrong sums, same loads otherwise) took another 7-10% off: the conversion and its DRAM stream
-// are what is left beside the tiles.
+// one FMA (likely the loads bind; not counted: no perf counters here). Knocking out the W conversion
+// (wrong sums, same loads otherwise) took another 7-10% off: the conversion and its DRAM stream are what
+// is left beside the tiles.
 constexpr int kOR = 5;       // W rows per tile
 constexpr int kOSub = 128;   // K sub-block: W fp32 2.5 KiB, a 16-token I slice 8 KiB (L1)
 constexpr int kOMb = 32;     // tokens per block (one of I's transposed blocks)
