@@ -185,12 +185,13 @@ def test_avx512_blockings_agree_bit_for_bit(isa):
         kernels.avx512_blocking(setting, isa=isa)
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx512-nobf16", "avx512-emulated"])
-def test_avx512_fused_step_gives_the_three_calls_bits(isa):
-    """The AVX-512 kernel's fused step (an unmasked chunk of 32 keys: scores, the online-softmax step and
-    P x V for every query row at once) against the three calls it replaces: the same bits, for groups of
-    4, 8 and 7 query heads (7: rows padded to a multiple of 4), decode and extend (the causal triangle's
-    chunks take the three calls), paged and contiguous, with and without KV splits."""
+@pytest.mark.parametrize("isa", ["avx2", "avx512", "avx512-nobf16", "avx512-emulated"])
+def test_fused_step_gives_the_three_calls_bits(isa):
+    """A kernel's fused step (an unmasked chunk of 32 keys: scores, the online-softmax step and P x V for
+    every query row at once) against the three calls it replaces: the same bits, for groups of 4, 8 and 7
+    query heads (7: AVX-512 pads the rows to a multiple of 4, AVX2 takes the three calls), 12 (AVX2: a
+    group of 8 rows, then one of 4, as its scores take them) and 16, decode and extend (the causal
+    triangle's chunks take the three calls), paged and contiguous, with and without KV splits."""
     if isa not in ISAS:
         pytest.skip(f"the {isa} build is not here or this CPU cannot run it")
     small = isa.endswith("emulated")
@@ -198,7 +199,9 @@ def test_avx512_fused_step_gives_the_three_calls_bits(isa):
              (4, 2, 128, [200 if small else 1100, 77], "decode", 1, "contiguous"),
              (7, 1, 64, [150 if small else 700], "decode", 1, "paged"),
              (8, 1, 96, [120 if small else 500], "extend", 19, "contiguous"),
-             (12, 1, 32, [90], "extend", 5, "paged")]
+             (12, 1, 32, [90], "extend", 5, "paged"),
+             (12, 1, 64, [150 if small else 600], "decode", 1, "contiguous"),
+             (16, 2, 128, [100 if small else 900], "decode", 1, "paged")]
     assert kernels.attention_fused_step(isa=isa) is True
     try:
         for G, h_kv, d, lengths, phase, n, layout in cases:
@@ -348,25 +351,26 @@ def test_a_plan_is_the_call_checked_once_and_reads_the_tensors_as_they_are_when_
         kernels.decode_attention_plan(d.q[:, :7], k, v, d.kv_lens, block_table=table, isa=isa)
 
 
-def test_the_three_calls_ablation_backend_gives_hina_avx512s_bits_and_restores_the_switch():
-    """hina:avx512-3calls runs hina:avx512's attention with the fused step off, call by call: the same
-    output bits, and the module's switch back on after each call (hina:avx512 in the same process keeps
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_the_three_calls_ablation_backend_gives_hinas_bits_and_restores_the_switch(isa):
+    """hina:<isa>-3calls runs hina:<isa>'s attention with the fused step off, call by call: the same
+    output bits, and the module's switch back on after each call (hina:<isa> in the same process keeps
     its step)."""
-    if "avx512" not in ISAS:
-        pytest.skip("this CPU cannot run the avx512 build")
+    if isa not in ISAS:
+        pytest.skip(f"this CPU cannot run the {isa} build")
     from hinabench.backends import get
     p = AttentionProblem.create("qwen3-30b-a3b", "decode", 1, 700, layout="paged")
     d = p.materialize(rotate=False)
     out = {}
-    for name in ("hina:avx512", "hina:avx512-3calls"):
+    for name in (f"hina:{isa}", f"hina:{isa}-3calls"):
         b = get(name)(threads=2)
         b.supports(d)
         b.prepare(d)
         out[name] = b.run_attention(0)
-        assert kernels.attention_fused_step(isa="avx512") is True
-    assert torch.equal(out["hina:avx512"], out["hina:avx512-3calls"])
-    check(d, out["hina:avx512-3calls"], "hina:avx512-3calls")
-    assert get("hina:avx512-3calls").ops == ("attention",)
+        assert kernels.attention_fused_step(isa=isa) is True
+    assert torch.equal(out[f"hina:{isa}"], out[f"hina:{isa}-3calls"])
+    check(d, out[f"hina:{isa}-3calls"], f"hina:{isa}-3calls")
+    assert get(f"hina:{isa}-3calls").ops == ("attention",)
 
 
 def test_sglang_attention_adapter_reads_the_paged_cache_as_a_token_pool(monkeypatch):

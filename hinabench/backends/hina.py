@@ -144,15 +144,11 @@ class HinaAvx512(_Hina):
                    "on CPUs without AVX512_BF16 its avx512-nobf16 build (vdpbf16ps's arithmetic in AVX-512F)")
 
 
-@register
-class HinaAvx512ThreeCalls(_Hina):
-    """hina:avx512's attention with its fused step switched off: every chunk as the three calls (scores,
-    the online-softmax step, P x V) it replaces, the same bits. An ablation row beside hina:avx512, for the
-    machines the step was not measured on (kernels.attention_fused_step)."""
-    name = "hina:avx512-3calls"
-    isa = "avx512"
+class _ThreeCalls(_Hina):
+    """An attention kernel with its fused step switched off: every chunk as the three calls (scores, the
+    online-softmax step, P x V) it replaces, the same bits. An ablation row beside the kernel itself
+    (kernels.attention_fused_step)."""
     ops = ("attention",)
-    description = "hina:avx512's attention without its fused step (the three calls per chunk; the same bits): an ablation"
 
     def run_attention(self, group: int) -> torch.Tensor:
         was = kernels.attention_fused_step(isa=self.isa)   # per call: another backend in this process may
@@ -164,6 +160,23 @@ class HinaAvx512ThreeCalls(_Hina):
 
     def versions(self) -> dict[str, str]:
         return {**super().versions(), "hina_attn_fused_step": "off"}
+
+
+@register
+class HinaAvx2ThreeCalls(_ThreeCalls):
+    """hina:avx2's attention without its fused step (since 2026-12-07), for the machines it was not
+    measured on."""
+    name = "hina:avx2-3calls"
+    isa = "avx2"
+    description = "hina:avx2's attention without its fused step (the three calls per chunk; the same bits): an ablation"
+
+
+@register
+class HinaAvx512ThreeCalls(_ThreeCalls):
+    """hina:avx512's attention without its fused step, for the machines the step was not measured on."""
+    name = "hina:avx512-3calls"
+    isa = "avx512"
+    description = "hina:avx512's attention without its fused step (the three calls per chunk; the same bits): an ablation"
 
 
 @register

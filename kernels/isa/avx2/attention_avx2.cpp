@@ -21,12 +21,33 @@
 //   chunk of keys), each V load converted once and used by 4 rows (broadcast probabilities).
 // softmax_step: a vector exp2 (round to nearest, degree-6 polynomial on [-1/2, 1/2], rel. error
 //   ~1e-7; inputs below -126 give exactly 0, so masked keys (-inf) vanish).
+// step: an unmasked chunk of 32 keys fused (below): the same tiles and the same bits as the three
+//   calls, the online softmax on the tiles' sum vectors, and the next chunk's lines prefetched between
+//   its tiles (ops/attention_prefetch.h) instead of in the driver's four pieces. Zen 3, 2026-12-07, 2
+//   threads, batch-1 decode, KV rotated past the L3, side by side in one process (the step switched
+//   per block of calls, 8 rounds, the same output bits), the step's time over the three calls':
+//   Mixtral-8x7B paged l = 1024 / 4096 / 16384 0.74 / 0.70 / 0.65x (16.4 / 17.8 / 18.3 GB/s),
+//   contiguous l = 16384 0.77x (20.2 GB/s); Qwen3-30B-A3B paged 0.83 / 0.82 / 0.72x, contiguous
+//   l = 4096 0.83x. With the KV in the L3 (one cache, l = 1024) the step is 1.2x slower for
+//   Mixtral-8x7B's paged cache (its prefetches then only cost: without them it is the faster), 1.0x for
+//   Qwen3; the harness streams the KV from DRAM, as a decode step does.
+//   In one core's L2 (1 thread, one KV head's 512 keys), per key: the step 81 TSC cycles for G = 4 (the
+//   three calls 80), 135 for G = 8 (144): scores ~35-40 (4 x 2 tiles; 24.5 is the FMA peak), P x V ~32,
+//   softmax ~6. Read with no arithmetic (only the loads and prefetches of the step, a scratch build),
+//   the same streams reach 25 GB/s on Mixtral-8x7B's paged cache and 33-34 on its contiguous one and on
+//   Qwen3's paged one (the read probe: 28-29), so it is the arithmetic's overlap with the stream that is
+//   short of the roofline, and the paged Mixtral cache's own pattern caps it near 0.85.
+// Buffers: the driver keeps the packed queries, O and S 64-byte aligned (ops/attention.cpp): with a
+//   std::vector's 16-byte alignment a quarter of the packed-query loads straddled two lines, and the
+//   scores of the three calls took 1.3x (G = 4) the time in one core's L2; aligned, 2 threads, in one
+//   process, 0.88-0.95x the time of the misaligned buffers (a scratch switch, the same bits).
 #include <immintrin.h>
 
 #include <cmath>
 #include <limits>
 
 #include "ops/attention.h"
+#include "ops/attention_prefetch.h"   // LinePrefetch
 
 namespace hina {
 namespace {
@@ -168,8 +189,10 @@ void softmax_step(float* S, int lds, int nrows, int nkeys, float* m, float* l, f
       _mm256_storeu_ps(s + j, p);
       sum = _mm256_add_ps(sum, p);
     }
-    const float alpha = m[r] == ninf ? 0.f : std::exp2(m[r] - mx);
-    l[r] = l[r] * alpha + hsum(sum);
+    // alpha by the vector exp2 and l by one fma, as the fused step computes them for several rows at
+    // once (m = -inf: exp2 of -inf is 0)
+    const float alpha = _mm_cvtss_f32(_mm256_castps256_ps128(exp2_ps(_mm256_set1_ps(m[r] - mx))));
+    l[r] = std::fma(l[r], alpha, hsum(sum));
     m[r] = mx;
     if (alpha != 1.f) {
       const __m256 a = _mm256_set1_ps(alpha);
@@ -228,9 +251,141 @@ void unpack_o(const float* O, int d, float scale, float* out) {
   }
 }
 
+// ---- the fused step (AttnMicroKernel::step): one unmasked chunk of 32 keys, rows in groups of 8 (8 x 1
+// score tiles) and then 4 (4 x 2), as scores() takes them, d a multiple of 16; the same bits as the three
+// calls. Per group the tiles' sums stay in a vector each (lane r: row r of key j for 8 rows; lane 2r + k:
+// row r of key 2i + k for 4 rows) and the online softmax runs on them as vectors, its sums in
+// softmax_step's order (per row: keys j, j + 8, j + 16, j + 24 first, then the hsum tree); the
+// probabilities stay in that layout for P x V, which rescales O by alpha as it loads it (x 1 is exact).
+// The next step's lines are prefetched a slot at a time (a score tile, 4 keys of a P x V tile).
+constexpr int kStepKeys = 32;
+
+inline __m256 swap_pairs(__m256 v) { return _mm256_permute_ps(v, 0xB1); }   // lanes 2r <-> 2r + 1
+
+// m, l of rows r0 .. r0 + R - 1 in the tiles' lanes (R = 8: lane r; R = 4: lanes 2r and 2r + 1)
+template <int R>
+inline __m256 row_lanes(const float* x) {
+  if constexpr (R == 8) return _mm256_loadu_ps(x);
+  else return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(x)), _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+}
+template <int R>
+inline void store_rows(float* x, __m256 v) {
+  if constexpr (R == 8) _mm256_storeu_ps(x, v);
+  else _mm_storeu_ps(x, _mm256_castps256_ps128(_mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0))));
+}
+
+// R rows (8 or 4) of one chunk: scores into P (kStepKeys / (8 / R) vectors), softmax on them, alpha out
+template <int R>
+inline void step_scores_softmax(const float* qp, int d, const bf16_t* const* keys, float* m, float* l, __m256* P,
+                                float* alpha, LinePrefetch& tick) {
+  constexpr int KJ = 8 / R, NT = kStepKeys / KJ;   // keys a tile, tiles a chunk
+  for (int i = 0; i < NT; ++i) {
+    tick.tick();
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += 16) {   // scores_tile<R, KJ>'s FMAs, in its order
+      __m256 ke[KJ], ko[KJ];
+      for (int jj = 0; jj < KJ; ++jj) {
+        const __m256i v = load16(keys[i * KJ + jj] + c);
+        ke[jj] = even_f32(v);
+        ko[jj] = odd_f32(v);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m256 qe = _mm256_loadu_ps(qp + int64_t(r) * d + c);
+        const __m256 qo = _mm256_loadu_ps(qp + int64_t(r) * d + c + 8);
+        for (int jj = 0; jj < KJ; ++jj) {
+          acc[r * KJ + jj] = _mm256_fmadd_ps(ke[jj], qe, acc[r * KJ + jj]);
+          acc[r * KJ + jj] = _mm256_fmadd_ps(ko[jj], qo, acc[r * KJ + jj]);
+        }
+      }
+    }
+    P[i] = hsum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]);
+  }
+  __m256 M = P[0];
+  for (int i = 1; i < NT; ++i) M = _mm256_max_ps(M, P[i]);
+  if constexpr (R == 4) M = _mm256_max_ps(M, swap_pairs(M));
+  const __m256 mo = row_lanes<R>(m);
+  const __m256 mn = _mm256_max_ps(mo, M);
+  const __m256 a = exp2_ps(_mm256_sub_ps(mo, mn));
+  for (int i = 0; i < NT; ++i) P[i] = exp2_ps(_mm256_sub_ps(P[i], mn));
+  // softmax_step's sum of row r: lane e of keys e, e + 8, e + 16, e + 24 in turn (s_e), then
+  // (s_e + s_e+4) for e < 4, then (q0 + q2) + (q1 + q3)
+  __m256 y;
+  if constexpr (R == 8) {   // key j in tile j
+    __m256 u[8];
+    for (int e = 0; e < 8; ++e) u[e] = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(P[e], P[e + 8]), P[e + 16]), P[e + 24]);
+    const __m256 q0 = _mm256_add_ps(u[0], u[4]), q1 = _mm256_add_ps(u[1], u[5]), q2 = _mm256_add_ps(u[2], u[6]),
+                 q3 = _mm256_add_ps(u[3], u[7]);
+    y = _mm256_add_ps(_mm256_add_ps(q0, q2), _mm256_add_ps(q1, q3));
+  } else {                  // key 2i + k in tile i, lane 2r + k: s_2i+k of row r in lane 2r + k of u[i]
+    __m256 u[4];
+    for (int i = 0; i < 4; ++i) u[i] = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(P[i], P[i + 4]), P[i + 8]), P[i + 12]);
+    const __m256 w = _mm256_add_ps(_mm256_add_ps(u[0], u[2]), _mm256_add_ps(u[1], u[3]));   // q_k + q_2+k in lane 2r + k
+    y = _mm256_add_ps(w, swap_pairs(w));
+  }
+  store_rows<R>(l, _mm256_fmadd_ps(row_lanes<R>(l), a, y));
+  store_rows<R>(m, mn);
+  store_rows<R>(alpha, a);
+}
+
+// O[4 rows at r0][16 columns at c] = O * alpha + the chunk's P x V (pv_tile<4>'s FMAs, in its order);
+// P as step_scores_softmax leaves it for R rows a group, row r0 of the group at lane offset lr
+template <int R>
+inline void step_pv_tile(const float* P, int lr, const float* alpha, const bf16_t* const* vals, int d, int c, float* O,
+                         LinePrefetch& tick) {
+  __m256 ae[4], ao[4];
+  for (int r = 0; r < 4; ++r) {
+    const __m256 a = _mm256_set1_ps(alpha[r]);
+    ae[r] = _mm256_mul_ps(_mm256_loadu_ps(O + int64_t(r) * d + c), a);
+    ao[r] = _mm256_mul_ps(_mm256_loadu_ps(O + int64_t(r) * d + c + 8), a);
+  }
+  for (int j = 0; j < kStepKeys; ++j) {
+    if (j % 8 == 0) tick.tick();
+    const __m256i v = load16(vals[j] + c);
+    const __m256 ve = even_f32(v), vo = odd_f32(v);
+    for (int r = 0; r < 4; ++r) {
+      // row lr + r of key j: R = 8 in vector j, lane lr + r; R = 4 in vector j / 2, lane 2r + j % 2
+      const float* pr = R == 8 ? P + 8 * j + lr + r : P + 8 * (j / 2) + 2 * r + j % 2;
+      const __m256 p = _mm256_broadcast_ss(pr);
+      ae[r] = _mm256_fmadd_ps(p, ve, ae[r]);
+      ao[r] = _mm256_fmadd_ps(p, vo, ao[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    _mm256_storeu_ps(O + int64_t(r) * d + c, ae[r]);
+    _mm256_storeu_ps(O + int64_t(r) * d + c + 8, ao[r]);
+  }
+}
+
+template <int R>
+inline void step_group(const float* qp, int d, const bf16_t* const* keys, const bf16_t* const* vals, float* m, float* l,
+                       float* O, LinePrefetch& tick) {
+  alignas(32) __m256 P[kStepKeys];
+  alignas(32) float alpha[8];
+  step_scores_softmax<R>(qp, d, keys, m, l, P, alpha, tick);
+  const float* pf = reinterpret_cast<const float*>(P);
+  for (int r0 = 0; r0 < R; r0 += 4)
+    for (int c = 0; c < d; c += 16) step_pv_tile<R>(pf, r0, alpha + r0, vals, d, c, O + int64_t(r0) * d, tick);
+}
+
+bool step(const float* qp, int nrows, int d, const bf16_t* const* keys, const bf16_t* const* vals, int nkeys, float* m,
+          float* l, float* O, const AttnPrefetch* pf) {
+  if (nkeys != kStepKeys || nrows % 4 || d % 16) return false;
+  const int g8 = nrows / 8, g4 = nrows % 8 / 4;
+  const int pv_ticks = (d / 16) * (kStepKeys / 8);   // per 4 rows
+  LinePrefetch tick(pf, g8 * (kStepKeys + 2 * pv_ticks) + g4 * (kStepKeys / 2 + pv_ticks));
+  for (int g = 0; g < g8; ++g)
+    step_group<8>(qp + int64_t(8 * g) * d, d, keys, vals, m + 8 * g, l + 8 * g, O + int64_t(8 * g) * d, tick);
+  if (g4)
+    step_group<4>(qp + int64_t(8 * g8) * d, d, keys, vals, m + 8 * g8, l + 8 * g8, O + int64_t(8 * g8) * d, tick);
+  tick.finish();
+  return true;
+}
+
 }  // namespace
 
 const AttnMicroKernel attn_microkernel_avx2{
-    "avx2", "avx2", {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/false, /*prefetch_l2=*/true, /*prefetch_steps=*/4, /*prefetch_order=*/0}, nullptr, pack_q, scores, softmax_step, pv, unpack_o, nullptr};
+    "avx2", "avx2", {/*chunk_keys=*/32, /*block_rows=*/32, /*stage_strided=*/false, /*prefetch_l2=*/true, /*prefetch_steps=*/4, /*prefetch_order=*/0}, nullptr, pack_q, scores, softmax_step, pv, unpack_o, step};
 
 }  // namespace hina

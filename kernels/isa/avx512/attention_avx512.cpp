@@ -40,6 +40,7 @@
 #include "isa/avx512/dpbf16.h"
 #include "microkernel.h"   // avx512_blocking_zen5
 #include "ops/attention.h"
+#include "ops/attention_prefetch.h"   // LinePrefetch
 
 namespace hina {
 namespace {
@@ -270,31 +271,6 @@ void unpack_o(const float* O, int d, float scale, float* out) {
 // slots once per 8 keys of P x V instead of per key pair (1.08-1.18x), a slot counter without the
 // division (0.99-1.04x; and 1.13-1.27x where its loop was not inlined: a call in the tiles spills
 // every accumulator), the scores' sums in-lane first (no faster).
-// The next step's lines (AttnPrefetch), a few at a time: `tick` at each of `slots` points of the work
-// issues them evenly, every line of a row's K then V, row by row (prefetcht0; an asm statement, as in
-// ops/attention.cpp, which the compiler cannot drop).
-struct LinePrefetch {
-  const AttnPrefetch* pf;   // the segment being issued
-  int64_t total = 0, issued = 0, slots = 1, slot = 0;
-  int row = 0, off = 0, kv = 0;
-  LinePrefetch(const AttnPrefetch* p, int nslots) : pf(p), slots(std::max(1, nslots)) {
-    for (; p; p = p->next) total += 2 * int64_t(std::max(0, p->n)) * ((p->bytes + 63) / 64);
-  }
-  void tick() {
-    if (issued >= total) return;
-    const int64_t upto = std::min(total, (++slot * total + slots - 1) / slots);
-    for (; issued < upto; ++issued) {
-      while (row >= pf->n) pf = pf->next, row = 0;   // the next segment (total counts only what is there)
-      const char* p = reinterpret_cast<const char*>(kv ? pf->v[row] : pf->k[row]) + off;
-      if (pf->l2) __asm__ volatile("prefetcht1 %0" ::"m"(*p));
-      else __asm__ volatile("prefetcht0 %0" ::"m"(*p));
-      if (kv ^= 1) continue;
-      if ((off += 64) >= pf->bytes) off = 0, ++row;
-    }
-  }
-  void finish() { slot = slots - 1; tick(); }
-};
-
 template <typename Tick>
 inline __m512 scores_vec44(const bf16_t* q, int d, const bf16_t* const* keys, float scale, Tick& tick) {
   __m512 acc[16];
