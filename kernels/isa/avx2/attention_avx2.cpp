@@ -257,7 +257,12 @@ void unpack_o(const float* O, int d, float scale, float* out) {
 // row r of key 2i + k for 4 rows) and the online softmax runs on them as vectors, its sums in
 // softmax_step's order (per row: keys j, j + 8, j + 16, j + 24 first, then the hsum tree); the
 // probabilities stay in that layout for P x V, which rescales O by alpha as it loads it (x 1 is exact).
-// The next step's lines are prefetched a slot at a time (a score tile, 4 keys of a P x V tile).
+// The next step's lines are prefetched a slot at a time: every second score tile, every P x V tile.
+// Against a slot at every score tile and every 8 keys of P x V (Zen 3, one core, a C++ loop over the
+// chunks of 2^18 keys from DRAM, head-major, builds alternated 4-5 times): G = 4 111 against 124 TSC
+// cycles a key, G = 8 160 against 181, with the KV in L2 95 against 111 (without prefetches: 87); a
+// slot every 16 keys of P x V 113 / 167, none in P x V 121; each slot's bookkeeping (and branches)
+// costs about as much as its prefetches.
 constexpr int kStepKeys = 32;
 
 inline __m256 swap_pairs(__m256 v) { return _mm256_permute_ps(v, 0xB1); }   // lanes 2r <-> 2r + 1
@@ -280,7 +285,7 @@ inline void step_scores_softmax(const float* qp, int d, const bf16_t* const* key
                                 float* alpha, LinePrefetch& tick) {
   constexpr int KJ = 8 / R, NT = kStepKeys / KJ;   // keys a tile, tiles a chunk
   for (int i = 0; i < NT; ++i) {
-    tick.tick();
+    if (i % 2 == 0) tick.tick();
     __m256 acc[8];
 #pragma GCC unroll 8
     for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
@@ -340,8 +345,8 @@ inline void step_pv_tile(const float* P, int lr, const float* alpha, const bf16_
     ae[r] = _mm256_mul_ps(_mm256_loadu_ps(O + int64_t(r) * d + c), a);
     ao[r] = _mm256_mul_ps(_mm256_loadu_ps(O + int64_t(r) * d + c + 8), a);
   }
+  tick.tick();
   for (int j = 0; j < kStepKeys; ++j) {
-    if (j % 8 == 0) tick.tick();
     const __m256i v = load16(vals[j] + c);
     const __m256 ve = even_f32(v), vo = odd_f32(v);
     for (int r = 0; r < 4; ++r) {
@@ -373,8 +378,8 @@ bool step(const float* qp, int nrows, int d, const bf16_t* const* keys, const bf
           float* l, float* O, const AttnPrefetch* pf) {
   if (nkeys != kStepKeys || nrows % 4 || d % 16) return false;
   const int g8 = nrows / 8, g4 = nrows % 8 / 4;
-  const int pv_ticks = (d / 16) * (kStepKeys / 8);   // per 4 rows
-  LinePrefetch tick(pf, g8 * (kStepKeys + 2 * pv_ticks) + g4 * (kStepKeys / 2 + pv_ticks));
+  // a slot every second score tile and every P x V tile (4 rows x 16 columns x 32 keys)
+  LinePrefetch tick(pf, g8 * (kStepKeys / 2 + 2 * (d / 16)) + g4 * (kStepKeys / 4 + d / 16));
   for (int g = 0; g < g8; ++g)
     step_group<8>(qp + int64_t(8 * g) * d, d, keys, vals, m + 8 * g, l + 8 * g, O + int64_t(8 * g) * d, tick);
   if (g4)
