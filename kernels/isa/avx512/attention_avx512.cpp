@@ -270,7 +270,9 @@ void unpack_o(const float* O, int d, float scale, float* out) {
 // 0.96x of 4, 16 no better), the chunk after next's lines too, into L1 or L2 (1.3-1.6x the time), the
 // slots once per 8 keys of P x V instead of per key pair (1.08-1.18x), a slot counter without the
 // division (0.99-1.04x; and 1.13-1.27x where its loop was not inlined: a call in the tiles spills
-// every accumulator), the scores' sums in-lane first (no faster).
+// every accumulator), the scores' sums in-lane first (no faster). Since 2026-12-07 LinePrefetch
+// (ops/attention_prefetch.h, shared with the AVX2 step) keeps the same schedule and order without a
+// division per slot, for the AVX2 step's sake (not measured on Zen 4/5).
 template <typename Tick>
 inline __m512 scores_vec44(const bf16_t* q, int d, const bf16_t* const* keys, float scale, Tick& tick) {
   __m512 acc[16];
