@@ -106,12 +106,14 @@ void pack_q(const bf16_t* const* rows, int nrows, int d, float scale, float* qp)
     }
 }
 
-// R rows x KJ keys: S[r * lds + jj] = qp_r . K_jj
+// R rows x KJ keys of dot products along d (each accumulator 2 FMAs per 16 elements: even, then odd)
 template <int R, int KJ>
-inline void scores_tile(const float* qp, int d, const bf16_t* const* keys, float* S, int lds) {
-  __m256 acc[R * KJ];
-#pragma GCC unroll 16   // else GCC turns this loop into a memset and keeps acc on the stack
-  for (int i = 0; i < R * KJ; ++i) acc[i] = _mm256_setzero_ps();
+struct TileAcc { __m256 v[R * KJ]; };
+template <int R, int KJ>
+__attribute__((always_inline)) inline TileAcc<R, KJ> tile_dots(const float* qp, int d, const bf16_t* const* keys) {
+  TileAcc<R, KJ> a;
+#pragma GCC unroll 16   // else GCC turns this loop into a memset and keeps the accumulators on the stack
+  for (int i = 0; i < R * KJ; ++i) a.v[i] = _mm256_setzero_ps();
   for (int c = 0; c < d; c += 16) {
     __m256 ke[KJ], ko[KJ];
     for (int jj = 0; jj < KJ; ++jj) {
@@ -123,11 +125,19 @@ inline void scores_tile(const float* qp, int d, const bf16_t* const* keys, float
       const __m256 qe = _mm256_loadu_ps(qp + int64_t(r) * d + c);
       const __m256 qo = _mm256_loadu_ps(qp + int64_t(r) * d + c + 8);
       for (int jj = 0; jj < KJ; ++jj) {
-        acc[r * KJ + jj] = _mm256_fmadd_ps(ke[jj], qe, acc[r * KJ + jj]);
-        acc[r * KJ + jj] = _mm256_fmadd_ps(ko[jj], qo, acc[r * KJ + jj]);
+        a.v[r * KJ + jj] = _mm256_fmadd_ps(ke[jj], qe, a.v[r * KJ + jj]);
+        a.v[r * KJ + jj] = _mm256_fmadd_ps(ko[jj], qo, a.v[r * KJ + jj]);
       }
     }
   }
+  return a;
+}
+
+// R rows x KJ keys: S[r * lds + jj] = qp_r . K_jj
+template <int R, int KJ>
+inline void scores_tile(const float* qp, int d, const bf16_t* const* keys, float* S, int lds) {
+  const TileAcc<R, KJ> t = tile_dots<R, KJ>(qp, d, keys);
+  const __m256* acc = t.v;
   if constexpr (R * KJ == 8) {
     alignas(32) float out[8];
     _mm256_store_ps(out, hsum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]));
@@ -286,26 +296,8 @@ inline void step_scores_softmax(const float* qp, int d, const bf16_t* const* key
   constexpr int KJ = 8 / R, NT = kStepKeys / KJ;   // keys a tile, tiles a chunk
   for (int i = 0; i < NT; ++i) {
     if (i % 2 == 0) tick.tick();
-    __m256 acc[8];
-#pragma GCC unroll 8
-    for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
-    for (int c = 0; c < d; c += 16) {   // scores_tile<R, KJ>'s FMAs, in its order
-      __m256 ke[KJ], ko[KJ];
-      for (int jj = 0; jj < KJ; ++jj) {
-        const __m256i v = load16(keys[i * KJ + jj] + c);
-        ke[jj] = even_f32(v);
-        ko[jj] = odd_f32(v);
-      }
-      for (int r = 0; r < R; ++r) {
-        const __m256 qe = _mm256_loadu_ps(qp + int64_t(r) * d + c);
-        const __m256 qo = _mm256_loadu_ps(qp + int64_t(r) * d + c + 8);
-        for (int jj = 0; jj < KJ; ++jj) {
-          acc[r * KJ + jj] = _mm256_fmadd_ps(ke[jj], qe, acc[r * KJ + jj]);
-          acc[r * KJ + jj] = _mm256_fmadd_ps(ko[jj], qo, acc[r * KJ + jj]);
-        }
-      }
-    }
-    P[i] = hsum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]);
+    const TileAcc<R, KJ> t = tile_dots<R, KJ>(qp, d, keys + i * KJ);   // scores_tile<R, KJ>'s sums
+    P[i] = hsum8(t.v[0], t.v[1], t.v[2], t.v[3], t.v[4], t.v[5], t.v[6], t.v[7]);
   }
   __m256 M = P[0];
   for (int i = 1; i < NT; ++i) M = _mm256_max_ps(M, P[i]);
