@@ -212,19 +212,26 @@ void softmax_step(float* S, int lds, int nrows, int nkeys, float* m, float* l, f
   }
 }
 
-// O[R rows][16 columns at c] += sum_j P[r][j] V_j[c .. c+16)
-template <int R>
-inline void pv_tile(const float* P, int lds, const bf16_t* const* vals, int nkeys, int d, int c, float* O) {
+// O[R rows][16 columns at c] = O * alpha[r] (alpha nullptr: O as it is) + sum_j P(r, j) V_j[c .. c+16),
+// P(r, j) at p_at(r, j): the three calls' row-major S, or the fused step's tile layout
+template <int R, class PAt>
+__attribute__((always_inline)) inline void pv_acc(PAt p_at, const float* alpha, const bf16_t* const* vals, int nkeys,
+                                                  int d, int c, float* O) {
   __m256 ae[R], ao[R];
   for (int r = 0; r < R; ++r) {
     ae[r] = _mm256_loadu_ps(O + int64_t(r) * d + c);
     ao[r] = _mm256_loadu_ps(O + int64_t(r) * d + c + 8);
+    if (alpha) {
+      const __m256 a = _mm256_set1_ps(alpha[r]);
+      ae[r] = _mm256_mul_ps(ae[r], a);
+      ao[r] = _mm256_mul_ps(ao[r], a);
+    }
   }
   for (int j = 0; j < nkeys; ++j) {
     const __m256i v = load16(vals[j] + c);
     const __m256 ve = even_f32(v), vo = odd_f32(v);
     for (int r = 0; r < R; ++r) {
-      const __m256 p = _mm256_broadcast_ss(P + int64_t(r) * lds + j);
+      const __m256 p = _mm256_broadcast_ss(p_at(r, j));
       ae[r] = _mm256_fmadd_ps(p, ve, ae[r]);
       ao[r] = _mm256_fmadd_ps(p, vo, ao[r]);
     }
@@ -233,6 +240,12 @@ inline void pv_tile(const float* P, int lds, const bf16_t* const* vals, int nkey
     _mm256_storeu_ps(O + int64_t(r) * d + c, ae[r]);
     _mm256_storeu_ps(O + int64_t(r) * d + c + 8, ao[r]);
   }
+}
+
+// O[R rows][16 columns at c] += sum_j P[r][j] V_j[c .. c+16)
+template <int R>
+inline void pv_tile(const float* P, int lds, const bf16_t* const* vals, int nkeys, int d, int c, float* O) {
+  pv_acc<R>([&](int r, int j) { return P + int64_t(r) * lds + j; }, nullptr, vals, nkeys, d, c, O);
 }
 
 void pv(const float* P, int lds, int nrows, const bf16_t* const* vals, int nkeys, int d, float* O) {
@@ -331,28 +344,10 @@ inline void step_scores_softmax(const float* qp, int d, const bf16_t* const* key
 template <int R>
 inline void step_pv_tile(const float* P, int lr, const float* alpha, const bf16_t* const* vals, int d, int c, float* O,
                          LinePrefetch& tick) {
-  __m256 ae[4], ao[4];
-  for (int r = 0; r < 4; ++r) {
-    const __m256 a = _mm256_set1_ps(alpha[r]);
-    ae[r] = _mm256_mul_ps(_mm256_loadu_ps(O + int64_t(r) * d + c), a);
-    ao[r] = _mm256_mul_ps(_mm256_loadu_ps(O + int64_t(r) * d + c + 8), a);
-  }
   tick.tick();
-  for (int j = 0; j < kStepKeys; ++j) {
-    const __m256i v = load16(vals[j] + c);
-    const __m256 ve = even_f32(v), vo = odd_f32(v);
-    for (int r = 0; r < 4; ++r) {
-      // row lr + r of key j: R = 8 in vector j, lane lr + r; R = 4 in vector j / 2, lane 2r + j % 2
-      const float* pr = R == 8 ? P + 8 * j + lr + r : P + 8 * (j / 2) + 2 * r + j % 2;
-      const __m256 p = _mm256_broadcast_ss(pr);
-      ae[r] = _mm256_fmadd_ps(p, ve, ae[r]);
-      ao[r] = _mm256_fmadd_ps(p, vo, ao[r]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) {
-    _mm256_storeu_ps(O + int64_t(r) * d + c, ae[r]);
-    _mm256_storeu_ps(O + int64_t(r) * d + c + 8, ao[r]);
-  }
+  // row lr + r of key j: R = 8 in vector j, lane lr + r; R = 4 in vector j / 2, lane 2r + j % 2
+  pv_acc<4>([&](int r, int j) { return R == 8 ? P + 8 * j + lr + r : P + 8 * (j / 2) + 2 * r + j % 2; }, alpha, vals,
+            kStepKeys, d, c, O);
 }
 
 template <int R>
