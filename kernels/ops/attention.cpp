@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <new>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -17,6 +16,7 @@
 
 #include "kernel_table.h"  // find_usable, isa_names
 #include "ops/parallel.h"
+#include "scratch.h"   // ThreadScratch
 
 namespace hina {
 
@@ -64,23 +64,10 @@ struct Task {
   int64_t part;   // index of this task's partial slot (splits > 1), else -1
 };
 
-// 64-byte aligned storage for the micro-kernels' fp32 buffers: a 32-byte load of the packed queries
-// that straddles two cache lines (a std::vector's 16-byte alignment) made the AVX2 scores 1.3x slower.
-template <class Tp>
-struct Aligned64 {
-  using value_type = Tp;
-  Aligned64() = default;
-  template <class U>
-  Aligned64(const Aligned64<U>&) {}
-  Tp* allocate(size_t n) { return static_cast<Tp*>(::operator new(n * sizeof(Tp), std::align_val_t(64))); }
-  void deallocate(Tp* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
-  template <class U>
-  bool operator==(const Aligned64<U>&) const { return true; }
-};
-using AlignedFloats = std::vector<float, Aligned64<float>>;
-
 struct Scratch {
-  AlignedFloats qp, O, S, m, l, row;
+  // the micro-kernels' fp32 buffers, 64-byte aligned (scratch.h): a 32-byte load of the packed queries
+  // that straddled two cache lines (a std::vector's 16-byte alignment) made the AVX2 scores 1.3x slower
+  ThreadScratch<float> qp{nullptr, 0}, O{nullptr, 0}, S{nullptr, 0}, m{nullptr, 0}, l{nullptr, 0}, row{nullptr, 0};
   std::vector<const bf16_t*> kp, vp, kn, vn;   // this chunk's rows, the next chunk's
   std::vector<const bf16_t*> pk, pv;           // the next head's rows (a fused step's prefetch)
   std::vector<const bf16_t*> ks, vs;           // the staged rows (strided caches)
@@ -154,12 +141,12 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const AttnBlocking& 
       const int tok = c.q_start[t.b] + t.t0 + r / G, head = (t.h + hh) * G + r % G;
       qrows[r] = c.q + int64_t(tok) * c.q_ts + int64_t(head) * c.q_hs;
     }
-    mk.pack_q(qrows.data(), rows, d, c.sm_scale * kLog2e, s.qp.data() + hh * qs);
+    mk.pack_q(qrows.data(), rows, d, c.sm_scale * kLog2e, s.qp.p + hh * qs);
   }
   for (int r = 0; r < rows; ++r) s.limit[r] = first_pos + t.t0 + r / G;      // the last key this row may see
-  std::fill(s.O.begin(), s.O.begin() + int64_t(t.nh) * rows * d, 0.f);
-  std::fill(s.m.begin(), s.m.begin() + int64_t(t.nh) * rows, kNegInf);
-  std::fill(s.l.begin(), s.l.begin() + int64_t(t.nh) * rows, 0.f);
+  std::fill(s.O.p, s.O.p + int64_t(t.nh) * rows * d, 0.f);
+  std::fill(s.m.p, s.m.p + int64_t(t.nh) * rows, kNegInf);
+  std::fill(s.l.p, s.l.p + int64_t(t.nh) * rows, 0.f);
   const int min_limit = s.limit[0];
   // a chunk's key and value rows of head h, walked block by block (no division per key)
   auto rows_of = [&](int h, int j0, int nk, const bf16_t** kp, const bf16_t** vp) {
@@ -282,7 +269,7 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const AttnBlocking& 
         for (int j = 0; j < nk; ++j) s.vs[j] = s.vbuf.data() + hh * stage_head + int64_t(j) * d;
         vrows = s.vs.data();
       }
-      float* O = s.O.data() + int64_t(hh) * rows * d;
+      float* O = s.O.p + int64_t(hh) * rows * d;
       if (mk.step && j0 + nk - 1 <= min_limit) {   // no key of the chunk masked: the kernel's fused step,
                                                    // where it takes the shape, given the rows to prefetch
         AttnPrefetch pf{s.kn.data(), s.vn.data(), nn, row_bytes, pf_l2}, first{};   // the next chunk's (first head's)
@@ -303,25 +290,25 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const AttnBlocking& 
             pf = {s.pk.data(), s.pv.data(), nk, row_bytes, pf_l2, &first};
           }
         }
-        if (mk.step(s.qp.data() + hh * qs, rows, d, krows, vrows, nk, s.m.data() + hh * rows, s.l.data() + hh * rows, O,
+        if (mk.step(s.qp.p + hh * qs, rows, d, krows, vrows, nk, s.m.p + hh * rows, s.l.p + hh * rows, O,
                     pf.n > 0 ? &pf : nullptr))
           continue;
       }
       for (int j = 0; j < nk; j += sub) {
         if (steps > 1 || j == 0) prefetch_piece(piece++);
-        mk.scores(s.qp.data() + hh * qs, rows, d, krows + j, std::min(sub, nk - j), s.S.data() + j, KC);
+        mk.scores(s.qp.p + hh * qs, rows, d, krows + j, std::min(sub, nk - j), s.S.p + j, KC);
       }
       if (j0 + nk - 1 > min_limit) {               // the causal triangle reaches into this chunk
         for (int r = 0; r < rows; ++r) {
           const int first_masked = std::max(0, s.limit[r] + 1 - j0);
-          float* Sr = s.S.data() + int64_t(r) * KC;
+          float* Sr = s.S.p + int64_t(r) * KC;
           for (int j = first_masked; j < nk; ++j) Sr[j] = kNegInf;
         }
       }
-      mk.softmax_step(s.S.data(), KC, rows, nk, s.m.data() + hh * rows, s.l.data() + hh * rows, O, d);
+      mk.softmax_step(s.S.p, KC, rows, nk, s.m.p + hh * rows, s.l.p + hh * rows, O, d);
       for (int j = 0; j < nk; j += sub) {
         if (steps > 1) prefetch_piece(piece++);
-        mk.pv(s.S.data() + j, KC, rows, vrows + j, std::min(sub, nk - j), d, O);
+        mk.pv(s.S.p + j, KC, rows, vrows + j, std::min(sub, nk - j), d, O);
       }
       while (piece < (hh + 1) * steps) prefetch_piece(piece++);   // a short last chunk's calls are fewer
     }
@@ -331,16 +318,16 @@ void run_task(const AttnCall& c, const AttnMicroKernel& mk, const AttnBlocking& 
   for (int hh = 0; hh < t.nh; ++hh)
     for (int r = 0; r < rows; ++r) {
       const int i = hh * rows + r;
-      const float l = s.l[i];
+      const float l = s.l.p[i];
       const float inv = l > 0.f ? 1.f / l : 0.f;
       if (part_o) {
-        mk.unpack_o(s.O.data() + int64_t(i) * d, d, inv, part_o + int64_t(i) * d);
-        part_lse[i] = l > 0.f ? s.m[i] + std::log2(l) : kNegInf;
+        mk.unpack_o(s.O.p + int64_t(i) * d, d, inv, part_o + int64_t(i) * d);
+        part_lse[i] = l > 0.f ? s.m.p[i] + std::log2(l) : kNegInf;
       } else {
-        mk.unpack_o(s.O.data() + int64_t(i) * d, d, inv, s.row.data());
+        mk.unpack_o(s.O.p + int64_t(i) * d, d, inv, s.row.p);
         const int tok = c.q_start[t.b] + t.t0 + r / G, head = (t.h + hh) * G + r % G;
         bf16_t* o = c.out + int64_t(tok) * c.o_ts + int64_t(head) * c.o_hs;
-        for (int k = 0; k < d; ++k) o[k] = f32_to_bf16(s.row[k]);
+        for (int k = 0; k < d; ++k) o[k] = f32_to_bf16(s.row.p[k]);
       }
     }
 }
@@ -446,12 +433,12 @@ void attention(const AttnCall& c) {
     // call was most of the operator's fixed cost: ~25 -> ~16 us a call on 64 keys (Python's included).
     static thread_local Scratch s;
     auto grow = [](auto& v, size_t n) { if (v.size() < n) v.resize(n); };
-    grow(s.qp, size_t(nh) * q_stride(max_rows, d));
-    grow(s.O, size_t(max_slot) * d);
-    grow(s.S, size_t(max_rows) * KC);
-    grow(s.m, max_slot);
-    grow(s.l, max_slot);
-    grow(s.row, d);
+    s.qp.get(size_t(nh) * q_stride(max_rows, d));
+    s.O.get(size_t(max_slot) * d);
+    s.S.get(size_t(max_rows) * KC);
+    s.m.get(max_slot);
+    s.l.get(max_slot);
+    s.row.get(d);
     for (auto* v : {&s.kp, &s.vp, &s.kn, &s.vn, &s.ks, &s.vs, &s.pk, &s.pv}) grow(*v, KC);
     if (bl.stage_strided) {
       grow(s.kbuf, size_t(nh) * KC * d);
@@ -478,7 +465,7 @@ void attention(const AttnCall& c) {
           const int hh = hr / rows, r = hr % rows;
           float mx = kNegInf;
           for (int q = 0; q < sp; ++q) mx = std::max(mx, part_lse[size_t(first[i] + q) * max_slot + hr]);
-          std::fill(s.row.begin(), s.row.end(), 0.f);
+          std::fill(s.row.p, s.row.p + d, 0.f);
           float wsum = 0.f;
           for (int q = 0; q < sp; ++q) {
             const float lse = part_lse[size_t(first[i] + q) * max_slot + hr];
@@ -486,12 +473,12 @@ void attention(const AttnCall& c) {
             const float w = std::exp2(lse - mx);
             wsum += w;
             const float* po = part_o + (size_t(first[i] + q) * max_slot + hr) * d;
-            for (int k = 0; k < d; ++k) s.row[k] += w * po[k];
+            for (int k = 0; k < d; ++k) s.row.p[k] += w * po[k];
           }
           const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
           const int tok = c.q_start[bt.b] + bt.t0 + r / G, head = (bt.h + hh) * G + r % G;
           bf16_t* o = c.out + int64_t(tok) * c.o_ts + int64_t(head) * c.o_hs;
-          for (int k = 0; k < d; ++k) o[k] = f32_to_bf16(s.row[k] * inv);
+          for (int k = 0; k < d; ++k) o[k] = f32_to_bf16(s.row.p[k] * inv);
         }
       }
     }
