@@ -61,8 +61,15 @@
 // and DeepSeek 1.00-1.01x; 4 far rows without it: 1.01-1.03x. With the far rows, 4 rows a tile instead of
 // 2 at M = 3 and 4 (kept; same method, far rows on both sides): T = 3 Mixtral 0.90x, Qwen3-30B-A3B 0.86x,
 // DeepSeek 0.88 / 0.91x; T = 4 0.97x / 0.95x / 0.96x (16 accumulators, as many as AVX2 has registers,
-// besides W and I: not checked for spills); at M = 5 and 6 (20, 24 accumulators) 1.03x / 0.99x and
+// besides W and I: GCC 12 keeps 3 of them on the stack in the inner loop, a store and a load each per
+// chunk, and folds every I load into its FMA, seen in the assembly later that day; see the note on M = 4
+// below); at M = 5 and 6 (20, 24 accumulators) 1.03x / 0.99x and
 // 1.07x / 1.07x (Mixtral / Qwen3): 2 rows kept there.
+// M = 4 in one core's L2 (2026-12-07, a C++ micro-benchmark of the tile forms, K = 4096, FMA efficiency;
+// not yet measured from DRAM, where 4 rows beat 2 above by their streams): 4 x 4 as now 0.67, 2 x 4 with
+// each half's I (even, then odd) held in registers 0.77, 2 x 4 as now 0.75; M = 3: 4 x 3 as now 0.79,
+// 3 x 3 with I held 0.85; M = 2 (4 x 2) 0.82 either way. At M = 4 the FMA peak streams at most ~25.6 GB/s
+// of W a core (8 FMAs per 32 bytes), so the tile's efficiency is the T = 4 limit here.
 // Round 1, tried and measured slower on Mixtral at T = 3..16: W converted once per 4-row
 // sub-block into an fp32 L1 buffer and run through a 4 x 3 fp32 tile (faster in L1, ~80 vs ~60
 // GFLOP/s, but the conversion pass exposes DRAM latency: T = 4 60 vs 47 ms); 2 x M whole-piece
