@@ -66,8 +66,18 @@ struct QuantMicroKernel {
   // The task rows on this CPU, where a kernel chooses its blocking at run time (nullptr: task_rows);
   // the driver reads it through task_rows(mk).
   int (*task_rows_now)() = nullptr;
+  // At least this many W bytes per task (0: task_rows alone): the driver raises the rows of a task whose
+  // rows are short (task_rows(mk, row_bytes)), so that each of a decode tile's streams runs long enough.
+  int task_bytes = 0;
 };
 inline int task_rows(const QuantMicroKernel& mk) { return mk.task_rows_now ? mk.task_rows_now() : mk.task_rows; }
+// Rows per task for W rows of row_bytes bytes each (gate/up: both rows of an output row): task_rows,
+// or more where task_bytes asks for it (rounded down to a multiple of 32).
+inline int task_rows(const QuantMicroKernel& mk, int64_t row_bytes) {
+  const int nb = task_rows(mk);
+  const int64_t by_bytes = row_bytes > 0 ? mk.task_bytes / row_bytes / 32 * 32 : 0;
+  return by_bytes > nb ? int(by_bytes) : nb;
+}
 
 // INT8: AVX2 (vpmaddwd), AVX-512 VNNI (vpdpbusd; also built on SIMDe as "avx512-emulated"), AMX
 // (tdpbssd; also built on the tile emulator as "amx-emulated"); FP8: AVX2, AVX-512 (e4m3 -> bf16 for

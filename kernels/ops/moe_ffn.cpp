@@ -320,8 +320,8 @@ void run_quant(const MoeCall& a, const QuantMicroKernel& mk, int threads) {
   char* base = g_scratch.get(bytes);
   g_last_scratch_bytes = bytes;
   float* y = reinterpret_cast<float*>(base + off_y);
-  const int nb_up = block_rows(task_rows(mk), I, A, threads);
-  const int nb_down = block_rows(task_rows(mk), H, A, threads);
+  const int nb_up = block_rows(task_rows(mk, 2 * H), I, A, threads);
+  const int nb_down = block_rows(task_rows(mk, I), H, A, threads);
   const std::vector<Task> up_tasks = schedule_blocks(A, I, nb_up, threads);
   const std::vector<Task> down_tasks = schedule_blocks(A, H, nb_down, threads);
   const int8_t* wg = reinterpret_cast<const int8_t*>(a.w_gate);

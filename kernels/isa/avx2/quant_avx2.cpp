@@ -215,6 +215,19 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const float* 
 constexpr QBlocking kAvx2Blocking{/*rows=*/{2, 4, 2, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
                                   /*spread=*/{false, true, false, false, false}};
 
+// Task size (QuantMicroKernel::task_bytes): a task covers at least 384 KiB of W, not only 64 rows, so
+// short rows make longer streams (rows per task: Qwen3-30B-A3B down 512, gate/up 96; Qwen3-235B-A22B
+// down 256; DeepSeek-V3 down 192; Qwen2-57B-A14B down 128; Mixtral and the gate/up of the others stay
+// 64). Zen 3, 2026-12-07, one process, the task rows alternated by a temporary switch, 8 rounds, two
+// expert sets rotated, g = 128, 2 threads, new / old time (same bits): int8 T = 1 Qwen3-30B-A3B 0.91x
+// (down 256 / 512 rows alone: 0.93-0.95x / 0.90x), Qwen3-235B-A22B 0.94x, DeepSeek-V3 1.00x,
+// Qwen2-57B-A14B 1.00x; T = 2 Qwen3 0.94x, Qwen3-235B 0.97x; T = 4 Qwen3 0.97x; fp8 T = 1 / 2 Qwen3
+// 0.93 / 0.99x. The BF16 kernel's tasks (another driver, K-split pieces) went the other way with
+// 256 / 512 down rows: Qwen3 T = 1 / 2 1.05-1.09x, not made. A deeper software prefetch for short
+// rows instead (the tile 4 / 8 KiB ahead rather than the next one): int8 Qwen3 T = 1 1.03x, T = 2
+// 1.01-1.05x, not made.
+constexpr int kAvx2TaskBytes = 384 * 1024;
+
 struct Int8Kn {
   static constexpr Dtype dtype = Dtype::int8;
   static constexpr QBlocking kBlocking = kAvx2Blocking;
@@ -253,9 +266,9 @@ struct Fp8Kn {
 const QuantMicroKernel quant_microkernel_avx2_int8{
     "avx2", Dtype::int8, "avx2", /*task_rows=*/64, i8_packed_bytes<int16_t>,
     i8_pack_tokens<int16_t, 0>, i8_pack_act<int16_t, 0>,
-    q_gate_up<Int8Kn>, q_down<Int8Kn>};
+    q_gate_up<Int8Kn>, q_down<Int8Kn>, /*task_rows_now=*/nullptr, /*task_bytes=*/kAvx2TaskBytes};
 const QuantMicroKernel quant_microkernel_avx2_fp8{
     "avx2", Dtype::fp8, "avx2", /*task_rows=*/64, f8_packed_bytes, f8_pack_tokens, f8_pack_act,
-    q_gate_up<Fp8Kn>, q_down<Fp8Kn>};
+    q_gate_up<Fp8Kn>, q_down<Fp8Kn>, /*task_rows_now=*/nullptr, /*task_bytes=*/kAvx2TaskBytes};
 
 }  // namespace hina
