@@ -52,6 +52,19 @@
 // kernels/fill.cpp), where neither form meets an assist, the fp16 step costs 1.08-1.10x at T = 1 (its
 // four vcvtph2ps are two uops each; from 16-byte halves with 128-bit unpacks, or with 16-bit shifts
 // and no unpacks, the register loop was no faster) and 0.96-1.00x from T = 2. Zen 3: not measured.
+// What bounds FP8 against INT8 on Zen 3 (2026-12-07, one core, a C++ loop over these tiles with W in L1,
+// TSC cycles per 64 bytes of W): T = 1 (4 rows) FP8 12.4 against INT8 3.2 (side by side); 2 x 2 15.4 /
+// 5.8, 2 x 4 23.5 / 11.6-15.2 (minutes apart; the host's rates moved by up to 2x within the hour).
+// Instruction rates measured there (TSC cycles an instruction, 8 independent chains): vcvtph2ps ymm
+// 0.76 (one a core cycle), vextracti128 0.76, vpmovsxbd 0.93, vpunpck*, vpsra*, vpshufb, vcvtdq2ps
+// 0.38, vpand 0.21, vpmaddwd and vfmadd 0.39-0.40. So at T = 1 the
+// four vcvtph2ps (and two extracts) of 32 weights take longer than INT8's whole step, and from T = 2
+// INT8's vpmaddwd makes 16 multiply-adds an instruction where the FP8 tile's fp32 FMA makes 8: FP8
+// >= 0.9x INT8 (issue 13's target) is out of reach with AVX2's instructions wherever INT8 runs at the
+// memory rate or at its own compute rate. Other e4m3 steps in the same loop (tiles 4 x 1, 2 x 1, 2 x 2,
+// 2 x 4), their time / this one's: 8 bytes per vpmovsxbw (+ shift, and; no extracts) 1.01-1.04x; 16-byte
+// halves unpacked in 128 bits 1.02-1.04x; two FMA chains per accumulator in a block 0.98-0.99x; straight
+// to fp32 bits (the pre-2026-12-03 form, denormal results, so not taken) 0.82-1.00x.
 //
 // Tiles: R W rows x TT tokens, rows in the outer loop and the tokens' tiles inside, so a task's
 // W rows stream from memory once (R rows' slice stays in L1/L2 across the token tiles); the decode
