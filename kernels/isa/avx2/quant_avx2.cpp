@@ -57,11 +57,11 @@
 // 5.8, 2 x 4 23.5 / 11.6-15.2 (minutes apart; the host's rates moved by up to 2x within the hour).
 // Instruction rates measured there (TSC cycles an instruction, 8 independent chains): vcvtph2ps ymm
 // 0.76 (one a core cycle), vextracti128 0.76, vpmovsxbd 0.93, vpunpck*, vpsra*, vpshufb, vcvtdq2ps
-// 0.38, vpand 0.21, vpmaddwd and vfmadd 0.39-0.40. So at T = 1 the
-// four vcvtph2ps (and two extracts) of 32 weights take longer than INT8's whole step, and from T = 2
-// INT8's vpmaddwd makes 16 multiply-adds an instruction where the FP8 tile's fp32 FMA makes 8: FP8
-// >= 0.9x INT8 (issue 13's target) is out of reach with AVX2's instructions wherever INT8 runs at the
-// memory rate or at its own compute rate. Other e4m3 steps in the same loop (tiles 4 x 1, 2 x 1, 2 x 2,
+// 0.38, vpand 0.21, vpmaddwd and vfmadd 0.39-0.40. So at T = 1 the four vcvtph2ps (and two extracts)
+// of 32 weights take longer than INT8's whole step, and from T = 2 INT8's vpmaddwd makes 16
+// multiply-adds an instruction where the FP8 tile's fp32 FMA makes 8: FP8 >= 0.9x INT8 (issue 13's
+// target) is out of reach with AVX2's instructions wherever INT8 runs at the memory rate or at its own
+// compute rate. Other e4m3 steps in the same loop (tiles 4 x 1, 2 x 1, 2 x 2,
 // 2 x 4), their time / this one's: 8 bytes per vpmovsxbw (+ shift, and; no extracts) 1.01-1.04x; 16-byte
 // halves unpacked in 128 bits 1.02-1.04x; two FMA chains per accumulator in a block 0.98-0.99x; straight
 // to fp32 bits (the pre-2026-12-03 form, denormal results, so not taken) 0.82-1.00x.
@@ -228,17 +228,19 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const float* 
 constexpr QBlocking kAvx2Blocking{/*rows=*/{2, 4, 2, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
                                   /*spread=*/{false, true, false, false, false}};
 
-// Task size (QuantMicroKernel::task_bytes): a task covers at least 384 KiB of W, not only 64 rows, so
-// short rows make longer streams (rows per task: Qwen3-30B-A3B down 512, gate/up 96; Qwen3-235B-A22B
-// down 256; DeepSeek-V3 down 192; Qwen2-57B-A14B down 128; Mixtral and the gate/up of the others stay
-// 64). Zen 3, 2026-12-07, one process, the task rows alternated by a temporary switch, 8 rounds, two
-// expert sets rotated, g = 128, 2 threads, new / old time (same bits): int8 T = 1 Qwen3-30B-A3B 0.91x
-// (down 256 / 512 rows alone: 0.93-0.95x / 0.90x), Qwen3-235B-A22B 0.94x, DeepSeek-V3 1.00x,
-// Qwen2-57B-A14B 1.00x; T = 2 Qwen3 0.94x, Qwen3-235B 0.97x; T = 4 Qwen3 0.97x; fp8 T = 1 / 2 Qwen3
-// 0.93 / 0.99x. The BF16 kernel's tasks (another driver, K-split pieces) went the other way with
-// 256 / 512 down rows: Qwen3 T = 1 / 2 1.05-1.09x, not made. A deeper software prefetch for short
-// rows instead (the tile 4 / 8 KiB ahead rather than the next one): int8 Qwen3 T = 1 1.03x, T = 2
-// 1.01-1.05x, not made.
+// Task size (QuantMicroKernel::task_bytes): a task covers at least 384 KiB of W, not only 64 rows, so short
+// rows make longer streams (rows per task: Qwen3-30B-A3B down 512, gate/up 96; Qwen3-235B-A22B down 256;
+// DeepSeek-V3 down 192; Qwen2-57B-A14B down 128; Mixtral and the gate/up of the others stay 64). Zen 3,
+// 2026-12-07, one process, the task rows alternated by a temporary switch, 8 rounds, two expert sets
+// rotated, g = 128, 2 threads, new / old time (same bits): int8 T = 1 Qwen3-30B-A3B 0.91x (down 256 / 512
+// rows alone: 0.93-0.95x / 0.90x), Qwen3-235B-A22B 0.94x, DeepSeek-V3 1.00x, Qwen2-57B-A14B 1.00x; T = 2
+// Qwen3 0.94x, Qwen3-235B 0.97x; T = 4 Qwen3 0.97x; fp8 T = 1 / 2 Qwen3 0.93 / 0.99x; from M = 5 (the
+// blocked path, which takes the same tasks) int8 / fp8 T = 8 1.01 / 1.00x, T = 16 0.98 / 0.98x (6 rounds); a
+// third T = 1 run 0.92x. The BF16 kernel's tasks (another driver, K-split pieces) went the other way with
+// 256 / 512 down rows: Qwen3 T = 1 / 2 1.05-1.09x, not made. A deeper software prefetch for short rows
+// instead (the tile 4 / 8 KiB ahead rather than the next one): int8 Qwen3 T = 1 1.03x, T = 2 1.01-1.05x, not
+// made. At M = 2 (same method, in a slow stretch) the next tile prefetched into L1 instead of L2:
+// Qwen3 / Mixtral 1.06x / 1.01x; with a second L2 prefetch 4 KiB further: 1.04x / 1.03x.
 constexpr int kAvx2TaskBytes = 384 * 1024;
 
 struct Int8Kn {
@@ -279,9 +281,11 @@ struct Fp8Kn {
 const QuantMicroKernel quant_microkernel_avx2_int8{
     "avx2", Dtype::int8, "avx2", /*task_rows=*/64, i8_packed_bytes<int16_t>,
     i8_pack_tokens<int16_t, 0>, i8_pack_act<int16_t, 0>,
-    q_gate_up<Int8Kn>, q_down<Int8Kn>, /*task_rows_now=*/nullptr, /*task_bytes=*/kAvx2TaskBytes};
+    q_gate_up<Int8Kn>, q_down<Int8Kn>, /*task_rows_now=*/nullptr,
+    /*task_bytes=*/kAvx2TaskBytes};
 const QuantMicroKernel quant_microkernel_avx2_fp8{
     "avx2", Dtype::fp8, "avx2", /*task_rows=*/64, f8_packed_bytes, f8_pack_tokens, f8_pack_act,
-    q_gate_up<Fp8Kn>, q_down<Fp8Kn>, /*task_rows_now=*/nullptr, /*task_bytes=*/kAvx2TaskBytes};
+    q_gate_up<Fp8Kn>, q_down<Fp8Kn>, /*task_rows_now=*/nullptr,
+    /*task_bytes=*/kAvx2TaskBytes};
 
 }  // namespace hina
