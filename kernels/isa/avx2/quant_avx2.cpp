@@ -225,6 +225,9 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const float* 
 // Qwen3 0.96 / 0.95x; from M = 2 no gain (int8 T = 2 Mixtral 1.03x, Qwen3 0.93x; T = 4 1.09x / 0.99x,
 // within the MADs of a slow stretch): taken at M = 1 only. 4 spread rows at M = 2 and 4 (the AVX-512 VNNI
 // kernel's choice) were slower: int8 T = 2 1.05x / 1.00x, T = 4 1.15x / 1.13x (Mixtral / Qwen3, 8 rounds).
+// At M = 1 again later that day (int8 T = 1, Mixtral / Qwen3, 8 rounds, a slow stretch: read probe ~32 GB/s),
+// against this blocking: spread 4 rows without the next tile's L2 prefetch 0.99 / 0.99x (within the MADs);
+// 8 spread rows without it 0.99 / 1.12x, with it 1.12 / 1.30x; 2 spread rows with it 1.04 / 1.10x.
 constexpr QBlocking kAvx2Blocking{/*rows=*/{2, 4, 2, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
                                   /*spread=*/{false, true, false, false, false}};
 
