@@ -176,7 +176,10 @@ struct Avx2 {
 // GFLOP/s), 5 rows 1.38x; 8 and 12 rows ~1.4x in a noisy run. With one token vector a W broadcast feeds
 // one FMA (likely the loads bind; not counted: no perf counters here). Knocking out the W conversion
 // (wrong sums, same loads otherwise) took another 7-10% off: the conversion and its DRAM stream are what
-// is left beside the tiles.
+// is left beside the tiles. Also tried (2026-12-07, same method, Qwen3-30B-A3B T = 16 / 64, 6 rounds, time
+// against 5 rows): 6 rows 1.14 / 1.13x; the tokens' even then odd vectors loaded in turn (one pair of I
+// registers, so 6 rows fit beside 12 accumulators) 1.18 / 1.18x at 5 rows, 1.11 / 1.09x at 6, 1.36x at 7
+// (T = 64).
 constexpr int kOR = 5;       // W rows per tile
 constexpr int kOSub = 128;   // K sub-block: W fp32 2.5 KiB, a 16-token I slice 8 KiB (L1)
 constexpr int kOMb = 32;     // tokens per block (one of I's transposed blocks)
