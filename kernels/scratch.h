@@ -1,7 +1,8 @@
 // A per-thread scratch buffer, 64-byte aligned, grown on demand (a few hundred KiB at most), for the
-// micro-kernels' glue (glue.h, quant_glue.h) and the attention driver's fp32 buffers. Trivially destructible on purpose (thread_local objects with
-// destructors upset GCC's LTO here): the buffer of a thread lives as long as the thread (OpenMP's
-// pool). Internal linkage, as everything the ISA files include (glue.h, LINKAGE).
+// micro-kernels' glue (glue.h, quant_glue.h) and the attention driver's fp32 buffers. Trivially
+// destructible on purpose (thread_local objects with destructors upset GCC's LTO here): the buffer of a
+// thread lives as long as the thread (OpenMP's pool). Internal linkage, as everything the ISA files
+// include (glue.h, LINKAGE).
 #pragma once
 #include <cstddef>
 #include <cstdlib>
