@@ -45,8 +45,9 @@ inline size_t a64(size_t n) { return (n + 63) & ~size_t(63); }
 //                each row of a tile is then its own stream in its own pages, and each stream goes on into
 //                the next tile (row t + 1). On the 2-vCPU AMX Xeon (2026-12-01, Qwen3-30B-A3B int8, T = 1,
 //                2 threads, weights streamed from DRAM): AVX-512 VNNI 1.91 -> 1.65 ms, AVX2 int8 2.02 ->
-//                1.73, AVX2 fp8 2.33 -> 1.81 (64-row tasks). The AVX2 kernels take it at M = 1 only
-//                (measured on Zen 3, 2026-12-07: quant_avx2.cpp's kAvx2Blocking).
+//                1.73, AVX2 fp8 2.33 -> 1.81 (64-row tasks). The AVX2 kernels take it at every M; from
+//                M = 2 their 2-row tiles change only in the down projection (measured on Zen 3,
+//                2026-12-07: quant_avx2.cpp's kAvx2Blocking).
 // More tokens: rows[0] rows x kTokTile tokens per tile, no prefetch; K whole while M x K <= kWholeK (the
 // tokens' int8 or bf16 slice in L2), else in blocks of 1024. K in blocks of 1024 at M = 8 cut every W row
 // into 1 KiB pieces visited in turn across all of a task's rows (a 1 KiB read per row and pass, the

@@ -222,14 +222,27 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const float* 
 // Zen 3 on 2026-12-07 (one process, the two blockings alternated, 8-10 rounds, two expert sets rotated,
 // g = 128, 2 threads; new / old time, median of each): int8 T = 1 Mixtral-8x7B 0.92 / 0.91 / 0.95x (three
 // runs), Qwen3-30B-A3B 0.74 / 0.84x, DeepSeek-V3 0.90x, Qwen2-57B-A14B 0.92x; fp8 T = 1 Mixtral 0.98x,
-// Qwen3 0.96 / 0.95x; from M = 2 no gain (int8 T = 2 Mixtral 1.03x, Qwen3 0.93x; T = 4 1.09x / 0.99x,
-// within the MADs of a slow stretch): taken at M = 1 only. 4 spread rows at M = 2 and 4 (the AVX-512 VNNI
-// kernel's choice) were slower: int8 T = 2 1.05x / 1.00x, T = 4 1.15x / 1.13x (Mixtral / Qwen3, 8 rounds).
+// Qwen3 0.96 / 0.95x; from M = 2 no gain then (int8 T = 2 Mixtral 1.03x, Qwen3 0.93x; T = 4 1.09x / 0.99x,
+// within the MADs of a slow stretch, with 64-row tasks): taken at M = 1 only (from M = 2 see below). 4
+// spread rows at M = 2 and 4 (the AVX-512 VNNI kernel's choice) were slower: int8 T = 2 1.05x / 1.00x,
+// T = 4 1.15x / 1.13x (Mixtral / Qwen3, 8 rounds).
 // At M = 1 again later that day (int8 T = 1, Mixtral / Qwen3, 8 rounds, a slow stretch: read probe ~32 GB/s),
 // against this blocking: spread 4 rows without the next tile's L2 prefetch 0.99 / 0.99x (within the MADs);
 // 8 spread rows without it 0.99 / 1.12x, with it 1.12 / 1.30x; 2 spread rows with it 1.04 / 1.10x.
+// From M = 2, spread too (2026-12-07, later; one process, the down projection's tiles switched by a
+// temporary switch, 6-8 rounds, two expert sets rotated, g = 128, 2 threads, a slow stretch: read probe
+// 31-35 GB/s; new / old time, same bits). With 2 rows a tile gate_up's tiles are unchanged (a gate row
+// and its up row, already two streams); the down projection's two rows become two streams half a task
+// apart instead of one run of adjacent rows, which for short rows (Qwen3-30B-A3B's 768 bytes: a tile of
+// 1.5 KiB) kept too few lines in flight (the tasks are now byte-sized: kAvx2TaskBytes below). int8
+// T = 2: Qwen3-30B-A3B 0.87x (1.29 against 1.49 ms), DeepSeek-V3 0.85x (10.05 / 11.90), Qwen3-235B-A22B
+// 0.88x, Qwen2-57B-A14B 0.92x, Mixtral-8x7B 0.98x;
+// T = 3 Qwen3 / DeepSeek 0.97 / 0.95x; T = 4 Qwen3 0.88x, DeepSeek 0.88x, Mixtral 0.90x; fp8 T = 2 Qwen3
+// 0.99x (compute-bound). Down tiles tried beside it at M = 2 (time over the old): 4 spread rows with the
+// prefetch 0.86x (at T = 3 / 4 1.01 / 1.00x: 12 and 16 accumulators), 4 spread rows without it 0.86x
+// (T = 4 0.98x), 2 spread rows without it 0.90x, 4 adjacent rows with it 1.04x.
 constexpr QBlocking kAvx2Blocking{/*rows=*/{2, 4, 2, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
-                                  /*spread=*/{false, true, false, false, false}};
+                                  /*spread=*/{false, true, true, true, true}};
 
 // Task size (QuantMicroKernel::task_bytes): a task covers at least 384 KiB of W, not only 64 rows, so short
 // rows make longer streams (rows per task: Qwen3-30B-A3B down 512, gate/up 96; Qwen3-235B-A22B down 256;
