@@ -297,9 +297,15 @@ void rows_mixed(const bf16_t* const* w, int nrows, const typename Kn::Elem* cons
     rows_mixed<Kn, 1, TT, PF, U>(w + tiles * R, nrows - tiles * R, in, K, c + int64_t(tiles) * R * M, M);
 }
 
-// decode_mixed_rows rows a tile, one token: decode_short_prefetch, one chunk at a time; 2..decode_max_m
-// tokens: decode_prefetch[M] and decode_unroll. Of the prefetches only 3 (the tile's own rows ahead) is
-// taken: the next tile's rows (1, 2) have other cuts, so they run without one.
+// decode_mixed_rows rows a tile (halved while rows x M exceeds decode_mixed_acc), one token:
+// decode_short_prefetch, one chunk at a time; 2..decode_max_m tokens: decode_prefetch[M] and
+// decode_unroll. Of the prefetches only 3 (the tile's own rows ahead) is taken: the next tile's rows (1,
+// 2) have other cuts, so they run without one.
+constexpr int mixed_rows(const Blocking& b, int tokens) {
+  int r = b.decode_mixed_rows;
+  while (b.decode_mixed_acc && r > 1 && r * tokens > b.decode_mixed_acc) r /= 2;
+  return r;
+}
 template <class Kn, int TT = 1>
 void decode_mixed(const bf16_t* const* w, int nrows, const typename Kn::Elem* I, int M, int K, float* c) {
   constexpr Blocking B = Kn::kBlocking;
@@ -310,7 +316,7 @@ void decode_mixed(const bf16_t* const* w, int nrows, const typename Kn::Elem* I,
   for (int t = 0; t < TT; ++t) in[t] = I + int64_t(t) * ILd<Kn>::of(K);
   for (int64_t i = 0; i < int64_t(nrows) * M; ++i) c[i] = 0.f;
   constexpr int PF = TT == 1 ? (B.decode_short_prefetch == 3 ? 3 : 0) : (B.decode_prefetch[TT] == 3 ? 3 : 0);
-  rows_mixed<Kn, B.decode_mixed_rows, TT, PF, TT == 1 ? 1 : B.decode_unroll>(w, nrows, in, K, c, M);
+  rows_mixed<Kn, mixed_rows(B, TT), TT, PF, TT == 1 ? 1 : B.decode_unroll>(w, nrows, in, K, c, M);
 }
 
 // Decode (M <= decode_max_m tokens): each W row streamed once, all tokens in registers,

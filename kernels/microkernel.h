@@ -125,6 +125,9 @@ struct Blocking {
   // prefetch_next at a group's last piece: the first piece of the row group this many groups ahead
   int prefetch_groups = 1;
   int linear_task_rows = 0;  // the linear op's preferred rows per task (0: task_rows)
+  // decode_mixed: at most this many accumulators (rows x tokens) a tile, decode_mixed_rows halved until
+  // they fit (0: no limit; AVX2's 16 registers)
+  int decode_mixed_acc = 0;
 };
 
 // ---- the table -----------------------------------------------------------------------------------

@@ -217,6 +217,22 @@ def test_a_tokens_output_does_not_depend_on_its_batch(isa):
     assert torch.equal(few, full[:5]), f"{isa}: the first 5 tokens differ from in the batch of 37"
 
 
+@pytest.mark.parametrize("isa", [p for p in RUNNABLE if p != "scalar"])
+def test_rows_of_mixed_cuts_give_the_same_bits_at_every_decode_width(isa):
+    """Down projections whose rows have different piece cuts (K = 768: Qwen3-30B-A3B's, a class of cuts
+    every 8th row; K = 736) go through the decode tiles over rows in memory order (glue.h's decode_mixed:
+    4 rows a tile up to 3 tokens, 2 from 4 tokens on AVX2), the blocked tiles class by class: the first
+    T tokens of a batch of 37, every token on both experts (T = 1..6 tokens per expert), give the bits
+    they have inside it."""
+    for H, I in ((2048, 768), (2560, 736)):
+        d = materialize(FFNProblem.custom(H, I, 37, 2, routed_experts=2, seed=I), rotate=False)
+        full = run(d, isa)
+        for T in range(1, 7):
+            few = moe_ffn(d.x[:T], None, None, d.w_down, d.topk_ids[0][:T], d.topk_weights[:T], w13=d.w13,
+                          isa=isa, threads=THREADS)
+            assert torch.equal(few, full[:T]), f"{isa} H={H} I={I}: the first {T} tokens differ"
+
+
 def test_cpu_vendor_and_family_match_proc_cpuinfo():
     """The kernels' CPU identity (the AVX-512 one-token tiles skip their prefetch on AMD family >= 26)
     is the kernel's own cpuid reading of what /proc/cpuinfo shows."""

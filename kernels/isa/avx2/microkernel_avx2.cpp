@@ -65,6 +65,14 @@
 // chunk, and folds every I load into its FMA, seen in the assembly later that day; see the note on M = 4
 // below); at M = 5 and 6 (20, 24 accumulators) 1.03x / 0.99x and
 // 1.07x / 1.07x (Mixtral / Qwen3): 2 rows kept there.
+// Round 4 (2026-12-07, later; same method, 6-8 rounds, a slow stretch: read probe 31-35 GB/s): rows whose
+// piece cuts differ from their neighbours' (Qwen3-30B-A3B's down projection, K = 768: 8 classes of cuts, a
+// class every 8th row; Qwen3-235B-A22B's K = 1536, Qwen2-57B-A14B's 2560) no longer class by class (8 rows
+// a call, every 8th) but 4 rows far apart in memory order, each folding its own pieces (glue.h's
+// decode_mixed, as the AVX-512 kernel since 2026-12-05), 2 rows from M = 4 (decode_mixed_acc 12: 16
+// accumulators spill here): Qwen3-30B-A3B T = 1 / 2 / 3 0.96 / 0.92 / 0.86x the time, T = 4 0.97-0.98x,
+// T = 6 0.90x; Qwen3-235B-A22B T = 2 0.95x, Qwen2-57B-A14B T = 2 0.81x (its MAD 7%). 4 rows at M = 4:
+// 1.02-1.03x; 2 rows at M = 1..3: 0.99 / 0.94 / 0.91x; 8 rows at M = 2: 0.96x. The same bits.
 // M = 4 in one core's L2 (2026-12-07, a C++ micro-benchmark of the tile forms, K = 4096, FMA efficiency;
 // not yet measured from DRAM, where 4 rows beat 2 above by their streams): 4 x 4 as now 0.67, 2 x 4 with
 // each half's I (even, then odd) held in registers 0.77, 2 x 4 as now 0.75; M = 3: 4 x 3 as now 0.79,
@@ -99,7 +107,8 @@ struct Avx2 {
   static constexpr int kChunk = 16;  // bf16 elements per W load
 
   // Blocking (see the header): decode up to 6 tokens (M = 1: 8 rows; M = 2..4: 4 rows; M = 5, 6:
-  // 2 rows; from M = 2 the next tile prefetched into L2; a tile's rows far apart); M > 6: 4 x 2
+  // 2 rows; from M = 2 the next tile prefetched into L2; a tile's rows far apart; rows whose cuts
+  // differ, as Qwen3's down projection's: 4 rows far apart in memory order up to M = 3, then 2); M > 6: 4 x 2
   // tiles, K groups of one piece, 512-element sub-blocks (4 W rows = 4 KiB bf16 in L1), token blocks
   // of 4..32 whose fp32 I slice over a group fits 256 KiB of L2, the next sub-block prefetched into
   // L1; gate and up rows interleaved.
@@ -109,7 +118,8 @@ struct Avx2 {
       /*mb_max=*/32, /*mb_min=*/4, /*mb_l2_bytes=*/256 << 10,
       /*token_blocks_outer=*/false, /*prefetch_next=*/1, /*decode_prefetch=*/{0, 0, 2, 2, 2, 2, 2},
       /*interleave_gate_up=*/true, /*decode_short_k=*/2048, /*decode_short_rows=*/4,
-      /*decode_short_prefetch=*/2, /*decode_far=*/true};
+      /*decode_short_prefetch=*/2, /*decode_far=*/true, /*decode_unroll=*/1, /*decode_ahead=*/0,
+      /*decode_mixed_rows=*/4, /*prefetch_groups=*/1, /*linear_task_rows=*/0, /*decode_mixed_acc=*/12};
 
   static Acc zero() { return _mm256_setzero_ps(); }
   static X load_x(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
