@@ -71,7 +71,10 @@
 // a call, every 8th) but 4 rows far apart in memory order, each folding its own pieces (glue.h's
 // decode_mixed, as the AVX-512 kernel since 2026-12-05), 2 rows from M = 4 (decode_mixed_acc 12: 16
 // accumulators spill here): Qwen3-30B-A3B T = 1 / 2 / 3 0.96 / 0.92 / 0.86x the time, T = 4 0.97-0.98x,
-// T = 6 0.90x; Qwen3-235B-A22B T = 2 0.95x, Qwen2-57B-A14B T = 2 0.81x (its MAD 7%). 4 rows at M = 4:
+// T = 6 0.90x; Qwen3-235B-A22B T = 2 0.95x, Qwen2-57B-A14B T = 2 0.81x (its MAD 7%). Where gate and up
+// rows have mixed cuts too (DeepSeek-V3's K = 7168, Qwen2-57B-A14B's 3584; at M = 1 against 8 far rows a
+// class): DeepSeek-V3 T = 1 / 2 / 3 / 4 0.98 / 0.96 / 0.94 / 0.99-1.03x, Qwen2-57B T = 1 / 4 0.95 / 0.96x
+// (a fast stretch: probe 45-48 GB/s). 4 rows at M = 4:
 // 1.02-1.03x; 2 rows at M = 1..3: 0.99 / 0.94 / 0.91x; 8 rows at M = 2: 0.96x. The same bits.
 // M = 4 in one core's L2 (2026-12-07, a C++ micro-benchmark of the tile forms, K = 4096, FMA efficiency;
 // not yet measured from DRAM, where 4 rows beat 2 above by their streams): 4 x 4 as now 0.67, 2 x 4 with
