@@ -75,7 +75,9 @@
 // rows have mixed cuts too (DeepSeek-V3's K = 7168, Qwen2-57B-A14B's 3584; at M = 1 against 8 far rows a
 // class): DeepSeek-V3 T = 1 / 2 / 3 / 4 0.98 / 0.96 / 0.94 / 0.99-1.03x, Qwen2-57B T = 1 / 4 0.95 / 0.96x
 // (a fast stretch: probe 45-48 GB/s). 4 rows at M = 4:
-// 1.02-1.03x; 2 rows at M = 1..3: 0.99 / 0.94 / 0.91x; 8 rows at M = 2: 0.96x. The same bits.
+// 1.02-1.03x; 2 rows at M = 1..3: 0.99 / 0.94 / 0.91x; 8 rows at M = 2: 0.96x; the next tile's rows
+// prefetched into L2 as the tile streams (Qwen3 T = 1 / 2 / 3, 8 rounds): 0.97 / 1.01 / 1.01x, within the
+// MADs, not made. The same bits.
 // M = 4 in one core's L2 (2026-12-07, a C++ micro-benchmark of the tile forms, K = 4096, FMA efficiency;
 // not yet measured from DRAM, where 4 rows beat 2 above by their streams): 4 x 4 as now 0.67, 2 x 4 with
 // each half's I (even, then odd) held in registers 0.77, 2 x 4 as now 0.75; M = 3: 4 x 3 as now 0.79,
