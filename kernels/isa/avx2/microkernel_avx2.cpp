@@ -83,6 +83,12 @@
 // each half's I (even, then odd) held in registers 0.77, 2 x 4 as now 0.75; M = 3: 4 x 3 as now 0.79,
 // 3 x 3 with I held 0.85; M = 2 (4 x 2) 0.82 either way. At M = 4 the FMA peak streams at most ~25.6 GB/s
 // of W a core (8 FMAs per 32 bytes), so the tile's efficiency is the T = 4 limit here.
+// M = 7..15, later on 2026-12-07 (same method, Mixtral-8x7B T = 8, 6 rounds; perf's cpu-clock samples gave
+// the first token pair of each sub-block, the one prefetching the next sub-block, 1.8x the time of each
+// other pair): the next sub-block prefetched once per line in bursts spread over the block's token pairs
+// 0.97 / 0.99x (two runs), the same into L2 0.99x, in row-interleaved order 0.99x (within the MADs); all
+// in one burst at the first pair 1.14x; I's token rows padded by 64 or 512 bytes (their 16 KiB stride put
+// every token's K position in one L1 set) 1.00 / 0.99x. Not made.
 // Round 1, tried and measured slower on Mixtral at T = 3..16: W converted once per 4-row
 // sub-block into an fp32 L1 buffer and run through a 4 x 3 fp32 tile (faster in L1, ~80 vs ~60
 // GFLOP/s, but the conversion pass exposes DRAM latency: T = 4 60 vs 47 ms); 2 x M whole-piece
@@ -194,7 +200,11 @@ struct Avx2 {
 // is left beside the tiles. Also tried (2026-12-07, same method, Qwen3-30B-A3B T = 16 / 64, 6 rounds, time
 // against 5 rows): 6 rows 1.14 / 1.13x; the tokens' even then odd vectors loaded in turn (one pair of I
 // registers, so 6 rows fit beside 12 accumulators) 1.18 / 1.18x at 5 rows, 1.11 / 1.09x at 6, 1.36x at 7
-// (T = 64).
+// (T = 64). Later (2026-12-07, same method, Mixtral-8x7B, 6 rounds; perf's cpu-clock samples put ~85% of
+// the kernel's time in outer_tile, most of it on the FMAs that wait for I's loads): 2, 3 or 4 row groups
+// converted together so that each 16-token I slice is read from L2 once and then from L1 by every group's
+// tile: T = 64 1.01 / 1.02 / 1.02x, T = 16 (2, 4 groups) 1.05 / 1.17x; the next lane pass's I lines
+// prefetched into L1 or L2 at each pass: 1.07x.
 constexpr int kOR = 5;       // W rows per tile
 constexpr int kOSub = 128;   // K sub-block: W fp32 2.5 KiB, a 16-token I slice 8 KiB (L1)
 constexpr int kOMb = 32;     // tokens per block (one of I's transposed blocks)
