@@ -74,10 +74,9 @@
 // T = 6 0.90x; Qwen3-235B-A22B T = 2 0.95x, Qwen2-57B-A14B T = 2 0.81x (its MAD 7%). Where gate and up
 // rows have mixed cuts too (DeepSeek-V3's K = 7168, Qwen2-57B-A14B's 3584; at M = 1 against 8 far rows a
 // class): DeepSeek-V3 T = 1 / 2 / 3 / 4 0.98 / 0.96 / 0.94 / 0.99-1.03x, Qwen2-57B T = 1 / 4 0.95 / 0.96x
-// (a fast stretch: probe 45-48 GB/s). 4 rows at M = 4:
-// 1.02-1.03x; 2 rows at M = 1..3: 0.99 / 0.94 / 0.91x; 8 rows at M = 2: 0.96x; the next tile's rows
-// prefetched into L2 as the tile streams (Qwen3 T = 1 / 2 / 3, 8 rounds): 0.97 / 1.01 / 1.01x, within the
-// MADs, not made. The same bits.
+// (a fast stretch: probe 45-48 GB/s). 4 rows at M = 4: 1.02-1.03x; 2 rows at M = 1..3: 0.99 / 0.94 /
+// 0.91x; 8 rows at M = 2: 0.96x; the next tile's rows prefetched into L2 as the tile streams (Qwen3
+// T = 1 / 2 / 3, 8 rounds): 0.97 / 1.01 / 1.01x, within the MADs, not made. The same bits.
 // M = 4 in one core's L2 (2026-12-07, a C++ micro-benchmark of the tile forms, K = 4096, FMA efficiency;
 // not yet measured from DRAM, where 4 rows beat 2 above by their streams): 4 x 4 as now 0.67, 2 x 4 with
 // each half's I (even, then odd) held in registers 0.77, 2 x 4 as now 0.75; M = 3: 4 x 3 as now 0.79,
@@ -119,10 +118,10 @@ struct Avx2 {
 
   // Blocking (see the header): decode up to 6 tokens (M = 1: 8 rows; M = 2..4: 4 rows; M = 5, 6:
   // 2 rows; from M = 2 the next tile prefetched into L2; a tile's rows far apart; rows whose cuts
-  // differ, as Qwen3's down projection's: 4 rows far apart in memory order up to M = 3, then 2); M > 6: 4 x 2
-  // tiles, K groups of one piece, 512-element sub-blocks (4 W rows = 4 KiB bf16 in L1), token blocks
-  // of 4..32 whose fp32 I slice over a group fits 256 KiB of L2, the next sub-block prefetched into
-  // L1; gate and up rows interleaved.
+  // differ, as Qwen3's down projection's: 4 rows far apart in memory order up to M = 3, then 2);
+  // M > 6: 4 x 2 tiles, K groups of one piece, 512-element sub-blocks (4 W rows = 4 KiB bf16 in
+  // L1), token blocks of 4..32 whose fp32 I slice over a group fits 256 KiB of L2, the next sub-block
+  // prefetched into L1; gate and up rows interleaved.
   static constexpr Blocking kBlocking{
       /*task_rows=*/64, /*decode_max_m=*/6, /*decode_rows=*/{0, 8, 4, 4, 4, 2, 2},
       /*mr=*/4, /*nr=*/2, /*k_group=*/2048, /*k_sub=*/512,

@@ -236,11 +236,11 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const float* 
 // apart instead of one run of adjacent rows, which for short rows (Qwen3-30B-A3B's 768 bytes: a tile of
 // 1.5 KiB) kept too few lines in flight (the tasks are now byte-sized: kAvx2TaskBytes below). int8
 // T = 2: Qwen3-30B-A3B 0.87x (1.29 against 1.49 ms), DeepSeek-V3 0.85x (10.05 / 11.90), Qwen3-235B-A22B
-// 0.88x, Qwen2-57B-A14B 0.92x, Mixtral-8x7B 0.98x;
-// T = 3 Qwen3 / DeepSeek 0.97 / 0.95x; T = 4 Qwen3 0.88x, DeepSeek 0.88x, Mixtral 0.90x; fp8 T = 2 Qwen3
-// 0.99x (compute-bound). Down tiles tried beside it at M = 2 (time over the old): 4 spread rows with the
-// prefetch 0.86x (at T = 3 / 4 1.01 / 1.00x: 12 and 16 accumulators), 4 spread rows without it 0.86x
-// (T = 4 0.98x), 2 spread rows without it 0.90x, 4 adjacent rows with it 1.04x.
+// 0.88x, Qwen2-57B-A14B 0.92x, Mixtral-8x7B 0.98x; T = 3 Qwen3 / DeepSeek 0.97 / 0.95x; T = 4 Qwen3
+// 0.88x, DeepSeek 0.88x, Mixtral 0.90x; fp8 T = 2 Qwen3 0.99x (compute-bound). Down tiles tried beside
+// it at M = 2 (time over the old): 4 spread rows with the prefetch 0.86x (at T = 3 / 4 1.01 / 1.00x: 12
+// and 16 accumulators), 4 spread rows without it 0.86x (T = 4 0.98x), 2 spread rows without it 0.90x, 4
+// adjacent rows with it 1.04x.
 constexpr QBlocking kAvx2Blocking{/*rows=*/{2, 4, 2, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
                                   /*spread=*/{false, true, true, true, true}};
 
