@@ -211,8 +211,9 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const float* 
 // shapes, g = 128, 2 threads) against the first kernel's {rows 8 at M = 1, else 2; no prefetch; gate
 // then up}:
 //   kept:    gate and up rows interleaved, 4 rows at M = 1, 2 rows from M = 2, each tile prefetching
-//            the next one into L2: int8 Mixtral T = 1 / 2 / 3 / 4 1.14x / 1.30x / 1.39x / 1.34x
-//            (efficiency 0.88 / 0.84 / 0.78 / 0.67), Qwen3-30B-A3B 1.37x / 1.59x / 1.70x; fp8 Mixtral
+//            the next one into L2 (at M = 1 no longer: below): int8 Mixtral T = 1 / 2 / 3 / 4 1.14x /
+//            1.30x / 1.39x / 1.34x (efficiency 0.88 / 0.84 / 0.78 / 0.67), Qwen3-30B-A3B 1.37x / 1.59x /
+//            1.70x; fp8 Mixtral
 //            1.12x / 1.42x / 1.36x (0.87 / 0.71 / 0.55); T = 8 (no decode tiles) unchanged;
 //   dropped: interleave alone (8 rows, no prefetch): 1.03x / 1.28x / 1.19x at T = 1 / 2 / 4;
 //            8 rows with the prefetch at M = 1: 0.93x; 2 rows with it: 0.95x of the kept one;
@@ -241,7 +242,13 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const float* 
 // it at M = 2 (time over the old): 4 spread rows with the prefetch 0.86x (at T = 3 / 4 1.01 / 1.00x: 12
 // and 16 accumulators), 4 spread rows without it 0.86x (T = 4 0.98x), 2 spread rows without it 0.90x, 4
 // adjacent rows with it 1.04x.
-constexpr QBlocking kAvx2Blocking{/*rows=*/{2, 4, 2, 2, 2}, /*prefetch=*/{0, 2, 2, 2, 2}, /*interleave=*/true,
+// At M = 1 the 4 spread rows no longer prefetch the next tile into L2 (2026-12-07, later still; same method,
+// 6-8 rounds, without / with, in fast and slow stretches: read probe 34-48 GB/s): int8 T = 1 Mixtral-8x7B
+// 0.89 / 0.99x (a fast, then a slow stretch; 7.47 against 8.44 ms at 48 GB/s), Qwen3-30B-A3B 0.94 / 0.96x,
+// DeepSeek-V3 0.91x, Qwen3-235B-A22B 0.94x, Qwen2-57B-A14B 0.93x; fp8 T = 1 Qwen3 / Mixtral 0.97 / 0.98x.
+// The slow stretch above had read them equal (0.99 / 0.99x). 8 spread rows in the fast stretch: without
+// the prefetch Qwen3 / Mixtral 1.06 / 0.99x, with it (Qwen3) 1.26x.
+constexpr QBlocking kAvx2Blocking{/*rows=*/{2, 4, 2, 2, 2}, /*prefetch=*/{0, 0, 2, 2, 2}, /*interleave=*/true,
                                   /*spread=*/{false, true, true, true, true}};
 
 // Task size (QuantMicroKernel::task_bytes): a task covers at least 384 KiB of W, not only 64 rows, so short
