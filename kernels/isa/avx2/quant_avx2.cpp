@@ -247,7 +247,8 @@ inline void f8_tile(const int8_t* const* w, const float* const* s, const float* 
 // 0.89 / 0.99x (a fast, then a slow stretch; 7.47 against 8.44 ms at 48 GB/s), Qwen3-30B-A3B 0.94 / 0.96x,
 // DeepSeek-V3 0.91x, Qwen3-235B-A22B 0.94x, Qwen2-57B-A14B 0.93x; fp8 T = 1 Qwen3 / Mixtral 0.97 / 0.98x.
 // The slow stretch above had read them equal (0.99 / 0.99x). 8 spread rows in the fast stretch: without
-// the prefetch Qwen3 / Mixtral 1.06 / 0.99x, with it (Qwen3) 1.26x.
+// the prefetch Qwen3 / Mixtral 1.06 / 0.99x, with it (Qwen3) 1.26x. At M = 2 the prefetch still pays
+// (without it: Mixtral / Qwen3 / DeepSeek-V3 int8 T = 2 1.03 / 1.03 / 1.09x the time, probe 36-38 GB/s).
 constexpr QBlocking kAvx2Blocking{/*rows=*/{2, 4, 2, 2, 2}, /*prefetch=*/{0, 0, 2, 2, 2}, /*interleave=*/true,
                                   /*spread=*/{false, true, true, true, true}};
 
