@@ -221,9 +221,10 @@ def test_a_tokens_output_does_not_depend_on_its_batch(isa):
 def test_rows_of_mixed_cuts_give_the_same_bits_at_every_decode_width(isa):
     """Down projections whose rows have different piece cuts (K = 768: Qwen3-30B-A3B's, a class of cuts
     every 8th row; K = 736) go through the decode tiles over rows in memory order (glue.h's decode_mixed:
-    4 rows a tile up to 3 tokens, 2 from 4 tokens on AVX2), the blocked tiles class by class: the first
-    T tokens of a batch of 37, every token on both experts (T = 1..6 tokens per expert), give the bits
-    they have inside it."""
+    4 rows a tile up to 3 tokens, 2 from 4 tokens on AVX2), 37 tokens through the many-token tiles class
+    by class (AVX2's outer-product tiles, AVX-512's and AMX's blocked ones): the first T tokens of the
+    batch of 37, every token on both experts (T = 1..6 tokens per expert), give the bits they have
+    inside it."""
     for H, I in ((2048, 768), (2560, 736)):
         d = materialize(FFNProblem.custom(H, I, 37, 2, routed_experts=2, seed=I), rotate=False)
         full = run(d, isa)
