@@ -112,7 +112,7 @@ inline void store_y(float* y, int64_t ldy, int n0, int n, int M, const float* c,
 }
 
 // ================================ INT8: quantization of the token side ==========================
-// Packed operand: Q q[M][K] (AVX2: int16 q; AVX-512 VNNI: uint8 q + 128), then (64-byte aligned)
+// Packed operand: Q q[M][K] (AVX2: int8 q; AVX-512 VNNI: uint8 q + 128), then (64-byte aligned)
 // fp32 scale[M][K / group].
 template <class Q>
 size_t i8_packed_bytes(int M, int K, int group) {

@@ -1,14 +1,23 @@
 // The AVX2 quantized micro-kernels (compiled with -mavx2 -mfma -mf16c; run only after
 // isa_usable("avx2")): INT8 W8A8 group-wise and FP8 e4m3 weight-only, quant.h's contract.
 //
-// INT8 W8A8 (Zen 3 has no VNNI). The product of int8 weights and int8 activations is formed as
-// int16 x int16 -> int32 pair sums with vpmaddwd: the W row's 16 int8 are widened once per chunk
-// (vpmovsxbw, shared by every token of the tile), the token's 16 int8 were widened to int16 in the
-// gather (transformation 1), so per token one vpmaddwd + one vpaddd make 16 multiply-adds. The
-// vpmaddubsw "sign trick" (|x| as u8 times sign(w, x) as s8, then vpmaddwd by ones) costs the same
-// 4 ops per 32 multiply-adds per token (vpsignb, vpmaddubsw, vpmaddwd, vpaddd) and was not built:
-// with symmetric [-127, 127] values both are exact (|pair sum| <= 2 * 127^2 < 2^15). Not measured
-// side by side (time); the widen form has no per-token sign op and needs no u8/s8 split.
+// INT8 W8A8 (Zen 3 has no VNNI). The product of int8 weights and int8 activations is formed with the
+// vpmaddubsw "sign trick": per 32 weights of a W row, |w| once (vpabsb, shared by every token of the
+// tile); per token sign(x, w) (vpsignb: x negated where w < 0, zero where w = 0), vpmaddubsw (|w| as
+// u8 times that as s8, adjacent pairs summed to int16), vpmaddwd by ones (pairs of those to int32) and
+// vpaddd: 4 ops per token and 32 multiply-adds. Exact: the activations are in [-127, 127] (the gather
+// clamps), |w| <= 128, so a pair sum is at most 2 * 128 * 127 = 32512 < 2^15 and never saturates. The
+// activations are packed as int8 (32 bytes a step per token). Until 2026-12-07 the tiles widened both
+// sides to int16 (vpmovsxbw of 16 weights once per row, the token's int16 packed in the gather) and
+// made 16 multiply-adds with one vpmaddwd + one vpaddd per token. Side by side (Zen 3, 2026-12-07, one
+// process, the two forms alternated by a temporary switch, 8 rounds, two expert sets rotated, g = 128,
+// 2 threads, read probe 33-38 GB/s; sign-trick / widen time, medians): int8 T = 1 Mixtral-8x7B 1.00x,
+// Qwen3-30B-A3B 0.97x; T = 2 0.98x / 0.96-0.97x; T = 3 Mixtral 0.91x; T = 4 0.78x / 0.79x, DeepSeek-V3
+// 0.79x; T = 8 Qwen3 0.77x; T = 16 Mixtral / Qwen3 0.73 / 0.77x. The int32 lanes hold other partial sums
+// (4 adjacent weights a lane, where the widen form's lane held 2 + 2 sixteen apart), so the fp32 results
+// differ from the old form's in the last bits; every AVX2 tile takes the same form (decode and blocked
+// paths give the same bits). The register-only probe of this step is hinabench peak's
+// avx2-int8-maddubs (kernels/probes/probes_avx2.cpp), the int8 rows' compute ceiling on AVX2.
 //   Per group of g (32/64/128) along K: int32 accumulators from zero, then one fp32 multiply-add
 //   acc += float(int32) * (s_w[row][group] * s_x[token][group]); the lanes are summed at the end.
 //   The fp32 sums live in a small L1 array (a load and a store per row, token and group), not in
@@ -105,11 +114,16 @@ inline float hsum(__m256 v) {
 
 // ================================ INT8 W8A8: the tile ============================================
 template <int R, int TT, int PF>
-inline void i8_tile(const int8_t* const* w, const float* const* sw, const int16_t* const* x,
+inline void i8_tile(const int8_t* const* w, const float* const* sw, const int8_t* const* x,
                     const float* const* sx, int kb0, int kb1, int group, float* c, int ldc,
                     const int8_t* const* nxt) {
+  // The fp32 sums zeroed with vector stores: a scalar loop became rep stosq, and the vector loads of
+  // the first group's update then waited on the failed store forwarding (~8% of the down projection's
+  // samples at Qwen3-30B-A3B T = 2).
   alignas(32) float accm[R * TT * 8];
-  for (int i = 0; i < R * TT * 8; ++i) accm[i] = 0.f;
+  #pragma GCC unroll 32
+  for (int i = 0; i < R * TT; ++i) _mm256_store_ps(accm + 8 * i, _mm256_setzero_ps());
+  const __m256i ones = _mm256_set1_epi16(1);
   const int pf = prefetch_distance();
   for (int k0 = kb0, gi = kb0 / group; k0 < kb1; k0 += group, ++gi) {
     if (pf) prefetch_rows(w, R, k0, group, pf);
@@ -120,24 +134,32 @@ inline void i8_tile(const int8_t* const* w, const float* const* sw, const int16_
       #pragma GCC unroll 8
       for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_si256();
     #pragma GCC unroll 2
-    for (int k = k0; k < k0 + group; k += 16) {
+    for (int k = k0; k < k0 + group; k += 32) {
       __m256i xv[TT];
       #pragma GCC unroll 8
       for (int t = 0; t < TT; ++t) xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t] + k));
       #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r] + k)));
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k));
+        const __m256i aw = _mm256_abs_epi8(wv);
         #pragma GCC unroll 8
-        for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_add_epi32(acc[r][t], _mm256_madd_epi16(wv, xv[t]));
+        for (int t = 0; t < TT; ++t)
+          acc[r][t] = _mm256_add_epi32(
+              acc[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], wv)), ones));
       }
     }
+    // acc += float(int32) * (s_w * s_x): the scale product in vector form (the same IEEE product as the
+    // scalar one it replaced, one op fewer per row and token).
+    __m256 sxv[TT];
+    #pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) sxv[t] = _mm256_broadcast_ss(sx[t] + gi);
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const float swr = sw[r][gi];
+      const __m256 swv = _mm256_broadcast_ss(sw[r] + gi);
       #pragma GCC unroll 8
       for (int t = 0; t < TT; ++t) {
         float* a = accm + (r * TT + t) * 8;
-        _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][t]), _mm256_set1_ps(swr * sx[t][gi]), _mm256_load_ps(a)));
+        _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][t]), _mm256_mul_ps(swv, sxv[t]), _mm256_load_ps(a)));
       }
     }
   }
@@ -273,10 +295,10 @@ struct Int8Kn {
   template <int R, int TT, int PF>
   static void tile(const int8_t* const* w, const float* const* sw, const void* I, int M, int K, int group,
                    int kb0, int kb1, int t0, float* c, int ldc, const int8_t* const* nxt) {
-    const int16_t* x[TT];
+    const int8_t* x[TT];
     const float* sx[TT];
-    const int16_t* q = static_cast<const int16_t*>(I);
-    const float* s = i8_s<int16_t>(I, M, K);
+    const int8_t* q = static_cast<const int8_t*>(I);
+    const float* s = i8_s<int8_t>(I, M, K);
     for (int t = 0; t < TT; ++t) {
       x[t] = q + int64_t(t0 + t) * K;
       sx[t] = s + int64_t(t0 + t) * (K / group);
@@ -303,8 +325,8 @@ struct Fp8Kn {
 }  // namespace
 
 const QuantMicroKernel quant_microkernel_avx2_int8{
-    "avx2", Dtype::int8, "avx2", /*task_rows=*/64, i8_packed_bytes<int16_t>,
-    i8_pack_tokens<int16_t, 0>, i8_pack_act<int16_t, 0>,
+    "avx2", Dtype::int8, "avx2", /*task_rows=*/64, i8_packed_bytes<int8_t>,
+    i8_pack_tokens<int8_t, 0>, i8_pack_act<int8_t, 0>,
     q_gate_up<Int8Kn>, q_down<Int8Kn>, /*task_rows_now=*/nullptr,
     /*task_bytes=*/kAvx2TaskBytes};
 const QuantMicroKernel quant_microkernel_avx2_fp8{
