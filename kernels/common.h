@@ -51,6 +51,7 @@ double dpbf16_avx512(int64_t iters);
 double dpbusd_avx512(int64_t iters);
 double tdpbf16_amx(int64_t iters);
 double maddwd_avx2(int64_t iters);       // integer ops done
+double maddubs_avx2(int64_t iters);      // integer ops done
 double tdpbssd_amx(int64_t iters);
 
 // ---- Deterministic fill (fill.cpp) ---------------------------------------------------------------

@@ -17,9 +17,10 @@ _C = load("_C")
 PEAK_PREFERENCE = ["amx-bf16", "avx512-bf16-dot", "avx512-fma-fp32", "avx2-fma-fp32"]
 # INT8 (W8A8) rows: the CPU's best int8 multiply-add unit first, else the list above. AMX's tdpbssd
 # (32768 integer ops per instruction, twice tdpbf16ps's), VNNI's vpdpbusd (128, twice vdpbf16ps's FLOPs,
-# four times an fp32 FMA's), AVX2's vpmaddwd + vpaddd (32 per pair: the AVX2 kernel's step, no VNNI).
+# four times an fp32 FMA's), AVX2's vpsignb + vpmaddubsw + vpmaddwd + vpaddd (64 per four: the AVX2
+# kernel's step, no VNNI; its int16 form before 2026-12-07, vpmaddwd + vpaddd, is avx2-int16-madd).
 # Until 2026-12-03 AMX and AVX2 INT8 rows were judged against the BF16 / fp32 FMA unit.
-DTYPE_PEAK_PREFERENCE = {"int8": ["amx-int8", "avx512-vnni-int8", "avx2-int16-madd"]}
+DTYPE_PEAK_PREFERENCE = {"int8": ["amx-int8", "avx512-vnni-int8", "avx2-int8-maddubs"]}
 
 
 def read_variants() -> list[str]:

@@ -121,6 +121,7 @@ struct PeakUnit {
 const PeakUnit kPeakUnits[] = {
     {"avx2-fma-fp32", fma_avx2, [] { return cpu_features().avx2 && cpu_features().fma; }},
     {"avx2-int16-madd", maddwd_avx2, [] { return cpu_features().avx2; }},
+    {"avx2-int8-maddubs", maddubs_avx2, [] { return cpu_features().avx2; }},
     {"avx512-fma-fp32", fma_avx512, [] { return cpu_features().avx512f; }},
     {"avx512-bf16-dot", dpbf16_avx512, [] { return isa_usable("avx512"); }},
     {"avx512-vnni-int8", dpbusd_avx512, [] { return cpu_features().avx512f && cpu_features().avx512_vnni; }},

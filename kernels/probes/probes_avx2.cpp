@@ -64,7 +64,7 @@ double fma_avx2(int64_t iters) {
 }
 
 // vpmaddwd + vpaddd on 16 int16 pairs: 16 multiply-adds, 32 integer ops per pair of instructions; the
-// AVX2 INT8 kernel's step per token and 16 weights (quant_avx2.cpp: no VNNI, W and x widened to int16).
+// AVX2 INT8 kernel's step per token and 16 weights until 2026-12-07 (W and x widened to int16).
 // The products do not depend on the chain (as the kernel's do not), so an empty asm tells the compiler
 // that x changes at every step: without it the loop-invariant vpmaddwd is hoisted and the loop times
 // the adds alone.
@@ -75,6 +75,19 @@ double maddwd_avx2(int64_t iters) {
     asm volatile("" : "+x"(x));
     return _mm256_add_epi32(a, _mm256_madd_epi16(x, y));
   }, 32, iters);
+}
+
+// The AVX2 INT8 kernel's step per token and 32 weights since 2026-12-07 (quant_avx2.cpp, the sign
+// trick): vpsignb, vpmaddubsw, vpmaddwd by ones, vpaddd: 32 multiply-adds, 64 integer ops per four
+// instructions. |w| (vpabsb, once per row and shared by the tile's tokens) is hoisted, as in the kernel
+// at 4 tokens; x changes at every step (the empty asm, as above).
+double maddubs_avx2(int64_t iters) {
+  const __m256i w = _mm256_set1_epi8(-3), aw = _mm256_abs_epi8(w), ones = _mm256_set1_epi16(1);
+  __m256i x = _mm256_set1_epi8(5);
+  return peak_loop(_mm256_set1_epi32(1), [=](__m256i a) mutable {
+    asm volatile("" : "+x"(x));
+    return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones));
+  }, 64, iters);
 }
 
 }  // namespace hina
