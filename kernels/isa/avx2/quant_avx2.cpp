@@ -10,10 +10,15 @@
 // activations are packed as int8 (32 bytes a step per token). Until 2026-12-07 the tiles widened both
 // sides to int16 (vpmovsxbw of 16 weights once per row, the token's int16 packed in the gather) and
 // made 16 multiply-adds with one vpmaddwd + one vpaddd per token. Side by side (Zen 3, 2026-12-07, one
-// process, the two forms alternated by a temporary switch, 8 rounds, two expert sets rotated, g = 128,
-// 2 threads, read probe 33-38 GB/s; sign-trick / widen time, medians): int8 T = 1 Mixtral-8x7B 1.00x,
-// Qwen3-30B-A3B 0.97x; T = 2 0.98x / 0.96-0.97x; T = 3 Mixtral 0.91x; T = 4 0.78x / 0.79x, DeepSeek-V3
-// 0.79x; T = 8 Qwen3 0.77x; T = 16 Mixtral / Qwen3 0.73 / 0.77x. The int32 lanes hold other partial sums
+// process, the two forms built as two kernels and switched per call between the function pointers, 8
+// rounds, two expert sets rotated, g = 128, 2 threads, read probe 31-37 GB/s; sign-trick / widen time,
+// medians): int8 T = 1 Mixtral-8x7B 0.96x, Qwen3-30B-A3B 0.99x, DeepSeek-V3 0.99x; T = 2 0.95x / 1.00x;
+// T = 4 0.97x / 0.94x; T = 8 Mixtral 0.75x. In alternating processes (4 rounds; the memory-bound T <= 2
+// too noisy that way: each process's pages read at their own rate): T = 4 Mixtral / Qwen3 0.95 / 0.95x,
+// T = 8 Qwen3 0.71x, T = 16 Mixtral 0.74x. (A first A/B with both forms behind a runtime switch inside
+// the tile read T = 4 0.78x: the switch had slowed the widen form's code.) The decode tiles gain little
+// because they wait on W's stream more than on the ALU; the blocked path (T > 4), which re-reads a W
+// tile from L1 for each 4 tokens, gains what the step does. The int32 lanes hold other partial sums
 // (4 adjacent weights a lane, where the widen form's lane held 2 + 2 sixteen apart), so the fp32 results
 // differ from the old form's in the last bits; every AVX2 tile takes the same form (decode and blocked
 // paths give the same bits). The register-only probe of this step is hinabench peak's
