@@ -23,6 +23,11 @@
 // differ from the old form's in the last bits; every AVX2 tile takes the same form (decode and blocked
 // paths give the same bits). The register-only probe of this step is hinabench peak's
 // avx2-int8-maddubs (kernels/probes/probes_avx2.cpp), the int8 rows' compute ceiling on AVX2.
+// Tried beside it (same method, 6 rounds, time over this form): each group's R x TT int32 sums reduced
+// across lanes with vphaddd into one vector of (row, token) sums, the scales then applied to that vector
+// in registers (a third of the epilogue's ops at 2 x 4): T = 1 / 2 / 4 / 8 / 16 1.00-1.03 / 1.07 /
+// 1.04-1.08 / 1.06 / 1.08x (vphaddd is slow here); the rows in the outer loop inside a group (no x kept in
+// registers across rows, so no spill at 2 x 4): T = 4 0.98-1.00x, T = 8 1.02x. Neither made.
 //   Per group of g (32/64/128) along K: int32 accumulators from zero, then one fp32 multiply-add
 //   acc += float(int32) * (s_w[row][group] * s_x[token][group]); the lanes are summed at the end.
 //   The fp32 sums live in a small L1 array (a load and a store per row, token and group), not in
