@@ -5,7 +5,8 @@ Two schemes (hinabench/dtypes.py has their table entries):
   int8  group-wise symmetric: q int8 [E, N, K] (the framework's out x in layout, rows contiguous along
         K, no repacking) and one fp32 scale per (row, group of g along K), scale [E, N, K/g];
         w ~ q * scale, scale = max|w over the group| / 127, q = round-half-even(w * 127 / amax) in
-        [-127, 127] (never -128: the AVX2 kernel's sign trick and pair sums rely on it).
+        [-127, 127] (never -128). The activations' [-127, 127] is what the AVX2 kernel's sign trick
+        relies on (|w| <= 128 times |x| <= 127, twice, stays below 2^15).
         W8A8: activations are quantized the same way at run time, per token and group of g along K
         (`quantize_act`), and the SiLU(gate)*up intermediate again before the down projection.
         Per-channel (`quantize_int8_channel`): the group is all of K, one scale per row; the scheme
