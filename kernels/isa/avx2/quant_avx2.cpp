@@ -27,7 +27,9 @@
 // across lanes with vphaddd into one vector of (row, token) sums, the scales then applied to that vector
 // in registers (a third of the epilogue's ops at 2 x 4): T = 1 / 2 / 4 / 8 / 16 1.00-1.03 / 1.07 /
 // 1.04-1.08 / 1.06 / 1.08x (vphaddd is slow here); the rows in the outer loop inside a group (no x kept in
-// registers across rows, so no spill at 2 x 4): T = 4 0.98-1.00x, T = 8 1.02x. Neither made.
+// registers across rows, so no spill at 2 x 4): T = 4 0.98-1.00x, T = 8 1.02x. Neither made. With this
+// step the decode blocking was re-tried (kAvx2Blocking below): 4 rows at M = 2 1.03 / 1.06 / 1.01x (Qwen3 /
+// Mixtral / DeepSeek-V3 int8 T = 2), no next-tile prefetch at M = 3 / 4 0.98-1.01x: kept as it is.
 //   Per group of g (32/64/128) along K: int32 accumulators from zero, then one fp32 multiply-add
 //   acc += float(int32) * (s_w[row][group] * s_x[token][group]); the lanes are summed at the end.
 //   The fp32 sums live in a small L1 array (a load and a store per row, token and group), not in
