@@ -29,6 +29,8 @@ def isa_flags(name: str) -> list[str]:
     ("probes_avx2.cpp", "ISA_AVX2", "_ZN4hina8fma_avx2El", "vfmadd", 10),
     # the products do not depend on the chains: an asm barrier keeps the vpmaddwd in the loop
     ("probes_avx2.cpp", "ISA_AVX2", "_ZN4hina11maddwd_avx2El", "vpmaddwd", 10),
+    # the AVX2 INT8 kernel's sign-trick step: x changes every step (the same asm barrier)
+    ("probes_avx2.cpp", "ISA_AVX2", "_ZN4hina12maddubs_avx2El", "vpmaddubsw", 10),
     ("probes_amx.cpp", "ISA_AMX", "_ZN4hina11tdpbf16_amxEl", "tdpbf16ps", 4),
     ("probes_amx.cpp", "ISA_AMX", "_ZN4hina11tdpbssd_amxEl", "tdpbssd", 4),
 ])
