@@ -36,9 +36,10 @@
 //   registers: AVX2 has 16, and R x TT int32 sums plus R x TT fp32 sums plus TT tokens spilled inside
 //   the K loop from 2 rows x 3 tokens up. The K loop is unrolled twice (without it GCC copied each
 //   int32 sum with a vmovdqa every step). Side by side (dev A/B, 5-7 interleaved rounds, 2 threads,
-//   g = 128) against the register form: Mixtral-8x7B T = 1 / 2 / 3 / 4 / 8 1.03x / 1.04x / 1.16x /
-//   1.23x / 0.96x, Qwen3-30B-A3B 1.01x / 1.00x / 1.10x / 1.16x / 0.98x. The same change to the FP8
-//   tile: 1.00-1.04x (its 11 unpack ops and 4 FMAs per 32 weights bind first), not made.
+//   g = 128; measured with the int16 widen form of the step, before 2026-12-07) against the register
+//   form: Mixtral-8x7B T = 1 / 2 / 3 / 4 / 8 1.03x / 1.04x / 1.16x / 1.23x / 0.96x, Qwen3-30B-A3B
+//   1.01x / 1.00x / 1.10x / 1.16x / 0.98x. The same change to the FP8 tile: 1.00-1.04x (its 11
+//   unpack ops and 4 FMAs per 32 weights bind first), not made.
 //   Activations are quantized per token and group in the gather (amax, inv = 127/amax, round half
 //   to even: the same steps as hinabench.quant.quantize_act); the SiLU(gate)*up intermediate is
 //   kept in fp32 by gate_up's store and re-quantized per token and group by pack_act for down.
