@@ -160,7 +160,7 @@ def host_rows(sweep_fields: dict, skip, command: str, run_id: str):
     """On the host: {"plan": ...} first, then {"row": row} for each row as its point is measured
     (points whose every row is in `skip` are not measured), {"note": text} for what to say."""
     from .harness import runner
-    from .harness.suite import Sweep, plan_sweep, run_config, wait_quiet
+    from .harness.suite import Sweep, measure_groups, plan_sweep, run_config, wait_quiet
     from .harness.runner import LOAD_WARNING_CPUS
     sweep = Sweep(**sweep_fields)
     points, names = plan_sweep(sweep)
@@ -171,13 +171,16 @@ def host_rows(sweep_fields: dict, skip, command: str, run_id: str):
     yield {"plan": {"rows": len(points) * len(names), "todo": missing, "points": len(todo)}}
     cfg = run_config(sweep, command, run_id)
     delay = float(os.environ.get(HOST_DELAY_ENV) or 0)
-    for pt in todo:
+    notes: list[str] = []   # a point's dtypes side by side, as `suite run` measures them
+    groups = measure_groups(todo, names, sweep, skip, notes.append)
+    yield from ({"note": n} for n in notes)
+    for group in groups:
         if sweep.wait_quiet > 0:
             waited, load = wait_quiet(sweep.wait_quiet)
             if load > LOAD_WARNING_CPUS:
-                yield {"note": f"{pt}: still {load:.2f} other CPUs busy after waiting {waited:.0f} s; "
+                yield {"note": f"{group[0]}: still {load:.2f} other CPUs busy after waiting {waited:.0f} s; "
                                f"measuring anyway (its rows will say load_warning)"}
-        for row in runner.run_point(pt.problem, names, pt.threads, cfg, skip=skip, numa=pt.numa):
+        for row in runner.run_cohort(group, names, cfg, skip=skip):
             yield {"row": row}
             if delay:
                 time.sleep(delay)

@@ -271,7 +271,7 @@ def test_dtype_a_backend_lacks_is_a_user_error(monkeypatch):
 
 def test_interrupted_sweep_keeps_measured_points_and_resumes(monkeypatch, tmp_results):
     import hinabench.harness.runner as runner
-    real = runner.run_point
+    real = runner.run_cohort
     calls = []
 
     def interrupt_second(*a, **kw):
@@ -280,12 +280,12 @@ def test_interrupted_sweep_keeps_measured_points_and_resumes(monkeypatch, tmp_re
             raise KeyboardInterrupt
         return real(*a, **kw)
 
-    monkeypatch.setattr(runner, "run_point", interrupt_second)
+    monkeypatch.setattr(runner, "run_cohort", interrupt_second)
     r = CliRunner().invoke(cli, ["ffn", *FAST, "--tokens", "1,2", "--out", str(tmp_results)])
     assert r.exit_code == 130
     assert "interrupted: 1 row(s) kept" in r.output and "--resume" in r.output
     assert [row["tokens_per_expert"] for row in read_rows(tmp_results)] == ["1"]
-    monkeypatch.setattr(runner, "run_point", real)
+    monkeypatch.setattr(runner, "run_cohort", real)
     assert invoke("ffn", *FAST, "--tokens", "1,2", "--out", str(tmp_results), "--resume").exit_code == 0
     assert [row["tokens_per_expert"] for row in read_rows(tmp_results)] == ["1", "2"]
 
@@ -394,3 +394,49 @@ def test_a_backend_with_no_path_for_the_dtype_takes_no_memory(monkeypatch):
                                                RunConfig(rounds=1, min_time=0.001, warmup=0))}
     assert rows["torch"]["status"] == "ok"
     assert rows[HungryInt8.name]["status"] == "unsupported" and "no bf16 path" in rows[HungryInt8.name]["reason"]
+
+
+class Turns(Backend):
+    """The torch loop on bf16, int8 or fp8 points (dequantized), recording whose turn each round was."""
+    name = "test:turns"
+    description = "records the order of its turns"
+    dtypes = ("bf16", "int8", "fp8")
+    turns: list = []
+
+    def prepare(self, data):
+        self.data = data
+
+    def run(self, group):
+        return self.data.scheme_reference(self.scheme_for(self.data.problem), group) \
+            if self.data.problem.dtype != "bf16" else self.data.reference(group)
+
+    def measure_round(self, rnd, plan, counter=None):
+        Turns.turns.append((rnd, self.data.problem.dtype))
+        return super().measure_round(rnd, plan, counter)
+
+
+def test_dtypes_of_a_point_take_turns_in_the_same_rounds(monkeypatch, tmp_results):
+    """A sweep's bf16 / int8 / fp8 points of one model and T are one cohort: every round visits each of
+    them (so their ratio carries no drift of the host between them), the rows share a `cohort` id, and
+    the next T is another cohort; --dtypes-apart measures each point on its own (no cohort)."""
+    registry._load()
+    monkeypatch.setitem(registry.REGISTRY, Turns.name, Turns)
+    Turns.turns = []
+    args = ["--model", "qwen3-30b-a3b", "--backends", Turns.name, "--rounds", "3", "--min-time", "0.001",
+            "--repeats", "1", "--warmup", "0", "--threads", "1", "--dtype", "bf16,int8,fp8", "--tokens", "1,2"]
+    r = invoke("ffn", *args, "--out", str(tmp_results))
+    assert r.exit_code == 0, r.output
+    # T = 1's three dtypes through rounds 0, 1, 2, then T = 2's
+    assert [rnd for rnd, _ in Turns.turns] == [0, 0, 0, 1, 1, 1, 2, 2, 2] * 2
+    assert {dt for rnd, dt in Turns.turns[:3]} == {"bf16", "int8", "fp8"}
+    rows = read_rows(tmp_results)
+    assert all(row["status"] == "ok" for row in rows), [row["reason"] for row in rows]
+    by_t = {}
+    for row in rows:
+        by_t.setdefault(row["tokens_per_expert"], set()).add(row["cohort"])
+    assert len(by_t["1"]) == 1 and len(by_t["2"]) == 1 and by_t["1"] != by_t["2"] and "" not in by_t["1"]
+    Turns.turns = []
+    apart = tmp_results.with_name("apart.csv")
+    assert invoke("ffn", *args, "--dtypes-apart", "--out", str(apart)).exit_code == 0
+    assert [rnd for rnd, _ in Turns.turns] == [0, 1, 2] * 6
+    assert {row["cohort"] for row in read_rows(apart)} == {""}

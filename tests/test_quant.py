@@ -1,5 +1,6 @@
 """Quantization (hinabench.quant), the quantized kernels (kernels.moe_ffn_quant) against both
 references, the hostile inputs, and int8/fp8 through the harness."""
+import json
 import math
 
 import pytest
@@ -340,6 +341,13 @@ def test_ffn_command_int8_fp8_rows(tmp_path):
                 assert 0 < float(row["quant_err"]) < 0.08 and float(row["rel_err"]) <= 5e-3
             assert by[("torch", dt, t)]["status"] == "unsupported"
     assert by[("hina:avx2", "bf16", "1")]["quant_group"] == "" and by[("hina:avx2", "bf16", "1")]["quant_err"] == ""
+    # the three dtypes of a T took turns in the same rounds: one cohort per T, and the judge says so
+    for t in ("1", "3"):
+        assert len({by[(b, dt, t)]["cohort"] for b in ("hina:avx2",) for dt in ("bf16", "int8", "fp8")}) == 1
+    assert by[("hina:avx2", "int8", "1")]["cohort"] != by[("hina:avx2", "int8", "3")]["cohort"]
+    js = json.loads(invoke("targets", str(out), "--quant", "--backend", "hina:avx2", "--format", "json").output)
+    pair = [v for v in js if v["target"] in ("int8 vs bf16", "fp8 vs int8")]
+    assert len(pair) == 3 and all("side by side (one cohort" in v["why"] for v in pair), pair
     # bytes judged on weights + scales (int8 at g 64: 1 + 4/64 bytes per weight)
     p = FFNProblem.create("qwen3-30b-a3b", 1, dtype="int8", group=64)
     assert int(by[("hina:avx2", "int8", "1")]["weight_bytes"]) == p.weight_bytes

@@ -27,6 +27,10 @@ _TIMING = [
     click.option("--wait-quiet", default=0.0, show_default=True, type=click.FloatRange(0, 86400),
                  help="Before each point, wait up to this many seconds for other processes to leave the "
                       "CPUs (0: do not wait)."),
+    click.option("--dtypes-apart", is_flag=True,
+                 help="Measure each dtype's points on their own. By default the dtypes of one model, T and "
+                      "thread count take turns in the same interleaved rounds (rows share a `cohort`), so "
+                      "that their ratios (INT8 over BF16) carry no drift of the host between them."),
     click.option("--out", default=None,
                  help="Results file (.csv or .parquet). Default: results/<machine>/<command>-<model>-<time>.csv"),
     click.option("--resume", is_flag=True, help="Skip points already in --out."),
@@ -47,7 +51,8 @@ def _sweep(op: str, model_names: str, tokens: str, kw: dict, **axes):
                  tokens=ints(tokens, "--tokens"), backends=kw["backends"], dtype=names(kw["dtype"]) or ["bf16"],
                  threads=ints(kw["threads"], "--threads") if kw["threads"] else None, repeats=kw["repeats"],
                  rounds=kw["rounds"], min_time=kw["min_time"], warmup=kw["warmup"], seed=kw["seed"],
-                 numa=names(kw["numa"]), perf=kw["perf"], wait_quiet=kw["wait_quiet"], **axes)
+                 numa=names(kw["numa"]), perf=kw["perf"], wait_quiet=kw["wait_quiet"],
+                 dtypes_apart=kw["dtypes_apart"], **axes)
 
 
 def _run(sweep, name: str, kw: dict) -> None:

@@ -37,6 +37,21 @@ class Point:
         return f"{self.problem} threads={self.threads} numa={self.numa}"
 
 
+# The columns a point's dtype decides: points that differ only in these are measured side by side, as
+# one cohort (harness/runner.py run_cohort), unless the sweep says dtypes_apart.
+DTYPE_COLUMNS = ("dtype", "quant_group", "scale_dtype")
+
+
+def cohorts(points: list[Point]) -> list[list[Point]]:
+    """`points` grouped by everything but their dtype, in the order each group first appears."""
+    groups: dict[tuple, list[Point]] = {}
+    for pt in points:
+        cols = pt.columns()
+        key = tuple((c, _norm(v)) for c, v in cols.items() if c not in DTYPE_COLUMNS)
+        groups.setdefault(key, []).append(pt)
+    return list(groups.values())
+
+
 def _norm(v) -> str:
     """One spelling per value, whether it came from memory (2, 2.0) or a CSV cell ('2', '2.0')."""
     if v is None:

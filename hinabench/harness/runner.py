@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import os
 import shlex
 import sys
@@ -75,8 +76,8 @@ def check_memory(problem: Problem, groups: int, backend_names: list[str]) -> tup
 class _Timed:
     """One backend's state through the rounds of a point."""
 
-    def __init__(self, name: str, row: dict):
-        self.name, self.row = name, row
+    def __init__(self, name: str, row: dict, point: Point):
+        self.name, self.row, self.point = name, row, point
         self.backend = None
         self.samples: list[float] = []
         self.probes: list[tuple[float, str]] = []
@@ -173,19 +174,109 @@ def run_point(problem: Problem, names: list[str], threads: int, cfg: RunConfig,
 def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | None = None,
         skip: set | None = None, progress=None, data: ProblemData | None = None) -> list[dict]:
     """Measure `names` at one point; append each row to `store` when done."""
-    problem, threads = point.problem, point.threads
+    return run_cohort([point], names, cfg, store, skip, progress, [data])
+
+
+_COHORTS = itertools.count(1)
+
+
+def cohort_fits(points: list[Point], names: list[str]) -> bool:
+    """Whether every point's backends (with a path for it) fit in memory together, their data and
+    processes alive side by side through one cohort's rounds (else the points are measured apart)."""
+    avail = meminfo().get("MemAvailable", 0)
+    need = 0
+    for pt in points:
+        wanted = [n for n in names if _has_path(backend_registry.get(n), pt.problem)]
+        need += memory_needed(pt.problem, pt.problem.rotation_groups(_llc()), wanted)
+    return not avail or need <= avail
+
+
+def run_cohort(points: list[Point], names: list[str], cfg: RunConfig, store: ResultStore | None = None,
+               skip: set | None = None, progress=None, datas: list | None = None) -> list[dict]:
+    """Measure `names` at several points of one thread count side by side: each point validated on
+    its own data, then every (point, backend) takes its turn in the same interleaved rounds, so that
+    ratios between the points (one model and T in bf16, int8 and fp8) carry no drift of the host
+    between them. Rows of a cohort of more than one point share its `cohort` id. Append each row to
+    `store` when its point is done."""
+    threads = points[0].threads
+    assert all(pt.threads == threads for pt in points), "a cohort has one thread count"
     torch.set_num_threads(threads)
+    states = []
+    for pt, data in zip(points, datas or [None] * len(points)):
+        todo, data = _setup(pt, names, cfg, skip, progress, data)
+        states.append((pt, todo, data))
+    if not any(todo for _, todo, _ in states):
+        return []
+    together = [t for _, todo, _ in states for t in todo]
+    if sum(1 for _, todo, _ in states if any(t.active for t in todo)) > 1:
+        cohort = f"{cfg.run_id}:{next(_COHORTS)}"
+        for t in together:
+            t.row["cohort"] = cohort
+
+    # -- interleaved rounds
+    active = [t for t in together if t.active]
+    took_turns = {id(t) for t in active}
+    plan = RoundPlan(**{k: getattr(cfg, k) for k in RoundPlan.__dataclass_fields__})
+    # perf attaches after the validation calls, so every thread pool the backends use exists
+    with contextlib.ExitStack() as stack:
+        counters = {id(t): stack.enter_context(t.backend.perf_session()) for t in active} if cfg.perf else {}
+        _rounds(active, cfg, plan, counters, progress)
+    for t in active:
+        if id(t) in counters:
+            t.row.update(counters[id(t)].result.row())
+    if cfg.perf:
+        from ..machine.perf import unsupported_row
+        for t in together:
+            if t.row.get("perf_status") is None:
+                t.row.update(unsupported_row(f"not counted: backend status {t.row.get('status')}"))
+
+    # -- statistics, roofline, storage (ranks within each point)
+    out = []
+    for _, todo, _ in states:
+        rows = []
+        for t in todo:
+            r = t.row
+            if t.samples and r.get("status") in (None, "ok", "wrong"):
+                r.update(summarize(t.samples))
+                r["unstable"] = unstable(r)
+                peak, unit = _denominators(r, t.probes, t.peaks, threads)
+                r["load_other_cpus"] = round(max(t.load), 2) if t.load else None
+                r["load_warning"] = bool(t.load and max(t.load) > LOAD_WARNING_CPUS)
+                r["status"] = r.get("status") or "ok"
+                _roofline(r, peak, unit)
+            if r.get("status") is None:     # a row is never stored without a status
+                r.update(status="failed", reason="no samples were taken")
+            r["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            rows.append(r)
+            if t.backend is not None:
+                t.backend.close()
+        rank_rows(rows)
+        for r in rows:
+            if store is not None:
+                store.append(r)
+        out += rows
+    if progress is not None:   # the turns of backends that never took one
+        progress(None, cfg.rounds * sum(1 for t in together if id(t) not in took_turns))
+    del states, together, active
+    gc.collect()
+    return out
+
+
+def _setup(point: Point, names: list[str], cfg: RunConfig, skip: set | None, progress,
+           data: ProblemData | None) -> tuple[list[_Timed], ProblemData | None]:
+    """One point's backends that are still to do: checked, memory-fitted, prepared and validated on
+    its data (materialized here unless given)."""
+    problem, threads = point.problem, point.threads
     groups = data.groups if data else problem.rotation_groups(_llc())
-    timed = [_Timed(n, _base_row(point, n, cfg, groups)) for n in names]
+    timed = [_Timed(n, _base_row(point, n, cfg, groups), point) for n in names]
     todo = [t for t in timed if not (skip and row_key(t.row) in skip)]
     if progress is not None and len(todo) < len(timed):
         progress(None, cfg.rounds * (len(timed) - len(todo)))
     if not todo:
-        return []
+        return [], data
     load_before = other_load(0.2)
     for t in todo:
         t.row.update(loadavg_before=round(load_before, 2))
-
     # -- availability and preparation, before any data exists for those that cannot run
     for t in todo:
         cls = backend_registry.get(t.name)
@@ -260,62 +351,17 @@ def run(point: Point, names: list[str], cfg: RunConfig, store: ResultStore | Non
                 t.row["versions"] = t.backend.versions()
             except Exception:
                 pass
-
-    # -- interleaved rounds
-    active = [t for t in todo if t.active]
-    took_turns = {id(t) for t in active}
-    plan = RoundPlan(**{k: getattr(cfg, k) for k in RoundPlan.__dataclass_fields__})
-    # perf attaches after the validation calls, so every thread pool the backends use exists
-    with contextlib.ExitStack() as stack:
-        counters = {id(t): stack.enter_context(t.backend.perf_session()) for t in active} if cfg.perf else {}
-        _rounds(active, cfg, plan, counters, point, progress)
-    for t in active:
-        if id(t) in counters:
-            t.row.update(counters[id(t)].result.row())
-    if cfg.perf:
-        from ..machine.perf import unsupported_row
-        for t in todo:
-            if t.row.get("perf_status") is None:
-                t.row.update(unsupported_row(f"not counted: backend status {t.row.get('status')}"))
-
-    # -- statistics, roofline, storage
-    rows = []
-    for t in todo:
-        r = t.row
-        if t.samples and r.get("status") in (None, "ok", "wrong"):
-            r.update(summarize(t.samples))
-            r["unstable"] = unstable(r)
-            peak, unit = _denominators(r, t.probes, t.peaks, threads)
-            r["load_other_cpus"] = round(max(t.load), 2) if t.load else None
-            r["load_warning"] = bool(t.load and max(t.load) > LOAD_WARNING_CPUS)
-            r["status"] = r.get("status") or "ok"
-            _roofline(r, peak, unit)
-        if r.get("status") is None:     # a row is never stored without a status
-            r.update(status="failed", reason="no samples were taken")
-        r["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        rows.append(r)
-        if t.backend is not None:
-            t.backend.close()
-    rank_rows(rows)
-    for r in rows:
-        if store is not None:
-            store.append(r)
-    if progress is not None:   # the turns of backends that never took one
-        progress(None, cfg.rounds * sum(1 for t in todo if id(t) not in took_turns))
-    del data, timed, todo, active
-    gc.collect()
-    return rows
+    return todo, data
 
 
-def _rounds(active: list[_Timed], cfg: RunConfig, plan: RoundPlan, counters: dict, point: Point,
-            progress=None) -> None:
+def _rounds(active: list[_Timed], cfg: RunConfig, plan: RoundPlan, counters: dict, progress=None) -> None:
     """Interleaved rounds: the backends take turns, the order rotating from round to round.
     `progress(what, units)` hears of each backend's turn before it starts (units 0) and after (1)."""
     for rnd in range(cfg.rounds):
         k = rnd % max(len(active), 1)
         for t in active[k:] + active[:k]:
             if progress is not None:
-                progress(f"{point} · {t.name} · round {rnd + 1}/{cfg.rounds}", 0)
+                progress(f"{t.point} · {t.name} · round {rnd + 1}/{cfg.rounds}", 0)
             if not t.active:
                 if progress is not None:
                     progress(None, 1)

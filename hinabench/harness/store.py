@@ -50,6 +50,8 @@ COMMON = [
     # provenance
     "machine", "fingerprint", "versions", "hinabench_version", "git_rev", "timestamp", "command",
     "run_id",    # one per invocation: of several rows of one point, readers take the latest run's
+    "cohort",    # rows measured in the same interleaved rounds across points (one model and T in several
+                 # dtypes): ratios between them are side by side; empty for a point measured alone
 ]
 
 
@@ -228,7 +230,7 @@ class ResultStore:
         self.appended += 1
 
 
-OPTIONAL_IN_OLD_FILES = {"op", "routing", "batch_tokens", "run_id", "quant_group", "fill"}
+OPTIONAL_IN_OLD_FILES = {"op", "routing", "batch_tokens", "run_id", "quant_group", "fill", "cohort"}
 
 
 def _torn_tail(data: bytes, ncols: int) -> int | None:

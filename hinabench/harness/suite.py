@@ -61,6 +61,7 @@ class Sweep:
     numa: list[str] | None = None      # memory policies: default, interleave, bind:N
     perf: bool = False
     wait_quiet: float = 0.0            # seconds a point may wait for the other processes to go quiet
+    dtypes_apart: bool = False         # measure each dtype's point on its own (default: side by side)
 
     @property
     def dtypes(self) -> list[str]:
@@ -119,7 +120,8 @@ SWEEP_SCHEMA = {"models": "names", "tokens": "ints", "op": "name", "experts": "i
                 "context": "ints", "extend": "ints", "block_size": "int", "ragged": "bool", "batch": "ints",
                 "backends": "names", "dtype": "names", "group": "int", "threads": "ints", "repeats": "int",
                 "rounds": "int", "min_time": "float", "warmup": "int", "seed": "int", "numa": "names",
-                "perf": "bool", "wait_quiet": "float"}
+                "perf": "bool", "wait_quiet": "float",
+                "dtypes_apart": "bool"}
 BOUNDS = {"rounds": (1, None), "repeats": (0, None), "warmup": (0, None), "experts": (1, None),
           "min_time": (1e-9, None), "tokens": (1, None),
           "batch": (1, None), "context": (0, None), "extend": (1, None), "block_size": (1, None), "threads": (1, None), "wait_quiet": (0, None)}
@@ -307,21 +309,22 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
             # one unit per backend per round: the ETA comes from the turns measured so far
             task = progress.add_task("measuring", total=len(points) * len(names) * sweep.rounds)
             progress.start()
-        for pt in points:
-            if admit is not None:
-                todo = [n for n in names if pt.key(n) not in skip]
-                if todo and not admit(pt, todo):
-                    break
+        def note(text):
+            if not quiet:
+                err.print(f"hinabench: note: {text}", style="yellow")
+        for group in measure_groups(points, names, sweep, skip, note):
+            if admit is not None and not _admitted(admit, group, names, skip):
+                break
             if progress is not None:
-                progress.update(task, description=str(pt))
+                progress.update(task, description=str(group[0]) +
+                                (f" (+{len(group) - 1} dtype(s) side by side)" if len(group) > 1 else ""))
             if sweep.wait_quiet > 0:
                 waited, load = wait_quiet(sweep.wait_quiet)
                 if load > LOAD_WARNING_CPUS:
-                    click.echo(f"hinabench: note: {pt}: still {load:.2f} other CPUs busy after waiting "
+                    click.echo(f"hinabench: note: {group[0]}: still {load:.2f} other CPUs busy after waiting "
                                f"{waited:.0f} s; measuring anyway (its rows will say load_warning)", err=True)
-            rows += runner.run_point(pt.problem, names, pt.threads, cfg, store=store, skip=skip,
-                                     progress=_ticker(progress, task) if progress else None,
-                                     numa=pt.numa)
+            rows += runner.run_cohort(group, names, cfg, store=store, skip=skip,
+                                      progress=_ticker(progress, task) if progress else None)
     except KeyboardInterrupt:
         if progress is not None:
             progress.stop()
@@ -351,6 +354,33 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
     notes.append(f"rows written to {store.path}")
     emit(rows, "table", notes=notes, console=_console_out())
     return rows
+
+
+def measure_groups(points, names, sweep, skip, note) -> list[list]:
+    """The sweep's points in the groups measured together: the dtypes of one model, T, thread count and
+    policy side by side in the same rounds (runner.run_cohort), unless `dtypes_apart` or their data and
+    backends do not fit in memory together (then one by one, and `note(text)` hears why)."""
+    from . import runner
+    from .points import cohorts
+    out = []
+    for group in cohorts(points) if not sweep.dtypes_apart else [[pt] for pt in points]:
+        todo = [pt for pt in group if any(pt.key(n) not in skip for n in names)]
+        if len(todo) > 1 and not runner.cohort_fits(todo, names):
+            note(f"{todo[0]}: the {len(todo)} dtypes of this point do not fit in memory together: measured "
+                 f"one after another (their ratios are not side by side)")
+            out += [[pt] for pt in group]
+        else:
+            out.append(group)
+    return out
+
+
+def _admitted(admit, group, names, skip) -> bool:
+    """`admit` (a time budget) asked for each point of a cohort with rows still to measure."""
+    for pt in group:
+        todo = [n for n in names if pt.key(n) not in skip]
+        if todo and not admit(pt, todo):
+            return False
+    return True
 
 
 def _ticker(progress, task):

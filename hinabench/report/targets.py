@@ -24,7 +24,8 @@ hina's kernel is the one to beat and there is no oneDNN bf16 path to compare wit
 
 `judge_quant`: the quantized kernels' targets (issue 13), per (model, T, threads): INT8 at T <= 4
 >= 0.85 of the same-process roofline on the bytes read (weights + scales); INT8 at T = 1 >= 1.6x hina
-BF16 of the same run; INT8 faster than llamacpp:q8_0 at every T; INT8 faster than every validated
+BF16 of the same run (side by side when their rows share a `cohort`: the `why` says which); INT8
+faster than llamacpp:q8_0 at every T; INT8 faster than every validated
 INT8 peer at T >= 8; FP8 at T <= 4 >= 0.9x the speed of hina INT8. Same rules: n/a is never a pass,
 a tie within the MAD is not "faster".
 """
@@ -213,6 +214,15 @@ def judge_avx2(rows: list[dict], backend: str = "hina:avx2") -> list[Verdict]:
     return out
 
 
+def _side_by_side(a: dict, b: dict) -> str:
+    """Whether two rows of different points (dtypes) took turns in the same rounds, said in words."""
+    ca, cb = a.get("cohort"), b.get("cohort")
+    if ca and ca == cb:
+        return "side by side (one cohort of rounds)"
+    return ("not side by side: measured in separate rounds, so the ratio carries the host's drift between "
+            "them (a sweep measures a point's dtypes together unless --dtypes-apart)")
+
+
 def judge_quant(rows: list[dict], backend: str) -> list[Verdict]:
     """Issue 13's targets for `backend` (a hina variant) on int8/fp8 rows (see the module docstring)."""
     by: dict[tuple, dict[str, dict]] = {}
@@ -254,7 +264,7 @@ def judge_quant(rows: list[dict], backend: str) -> list[Verdict]:
             else:
                 x = _f(bf, "median_ms") / t_me
                 out.append(Verdict(**base, target="int8 vs bf16", want=">= 1.6x hina bf16", got=f"{x:.2f}x",
-                                   verdict="pass" if x >= 1.6 else "fail"))
+                                   verdict="pass" if x >= 1.6 else "fail", why=_side_by_side(me, bf)))
         q8 = [r for (dt, b), r in d.items() if b == "llamacpp:q8_0"]
         q8ok = [r for r in q8 if ok(r)]
         if not q8ok:
@@ -289,7 +299,8 @@ def judge_quant(rows: list[dict], backend: str) -> list[Verdict]:
             else:
                 x = t_me / _f(f8, "median_ms")
                 out.append(Verdict(**base, target="fp8 vs int8", want=">= 0.9x int8 speed", got=f"{x:.2f}x",
-                                   verdict="pass" if x >= 0.9 else "fail", why=why))
+                                   verdict="pass" if x >= 0.9 else "fail",
+                                   why="; ".join(w for w in (why, _side_by_side(me, f8)) if w)))
     return out
 
 
