@@ -440,3 +440,26 @@ def test_dtypes_of_a_point_take_turns_in_the_same_rounds(monkeypatch, tmp_result
     assert invoke("ffn", *args, "--dtypes-apart", "--out", str(apart)).exit_code == 0
     assert [rnd for rnd, _ in Turns.turns] == [0, 1, 2] * 6
     assert {row["cohort"] for row in read_rows(apart)} == {""}
+
+
+def test_turn_efficiency_pairs_each_turn_with_its_own_probes():
+    """A kernel at the memory system's rate in every turn, on a host whose bandwidth halves between
+    turns: `efficiency` (one roofline from the best probe over the median of all samples) reads 0.67,
+    `efficiency_turn` (each turn's roofline over its own median) reads 1.0; a wrong row gets neither."""
+    from hinabench.harness.runner import _roofline, _turn_efficiency
+    turns = [([0.020] * 3, [50.0, 49.0], []), ([0.040] * 3, [25.0, 24.0], []), ([0.020] * 3, [50.0, 50.0], [])]
+    row = {"weight_bytes": 1e9, "flops": 1.0, "median_ms": 20.0, "read_gbps": 50.0, "status": "ok"}
+    _roofline(row, 1000.0, "unit")
+    _turn_efficiency(row, turns)
+    assert row["efficiency"] == pytest.approx(1.0) and row["efficiency_turn"] == pytest.approx(1.0)
+    row = {"weight_bytes": 1e9, "flops": 1.0, "median_ms": 30.0, "read_gbps": 50.0, "status": "ok"}
+    _roofline(row, 1000.0, "unit")
+    _turn_efficiency(row, turns[:2] + [([0.040] * 3, [25.0, 25.0], [])])
+    assert row["efficiency"] == pytest.approx(20 / 30) and row["efficiency_turn"] == pytest.approx(1.0)
+    # compute-bound turns use the turn's own peak
+    row = {"weight_bytes": 1.0, "flops": 2e9, "median_ms": 20.0, "read_gbps": 50.0, "status": "ok"}
+    _turn_efficiency(row, [([0.020], [50.0], [100.0]), ([0.040], [50.0], [50.0])])
+    assert row["efficiency_turn"] == pytest.approx(1.0)
+    wrong = {"weight_bytes": 1e9, "flops": 1.0, "status": "wrong"}
+    _turn_efficiency(wrong, turns)
+    assert "efficiency_turn" not in wrong

@@ -339,6 +339,7 @@ def test_ffn_command_int8_fp8_rows(tmp_path):
                 assert row["status"] == "ok", row["reason"]
                 assert row["quant_group"] == g and row["scale_dtype"] == "float32"
                 assert 0 < float(row["quant_err"]) < 0.08 and float(row["rel_err"]) <= 5e-3
+                assert float(row["efficiency"]) > 0 and float(row["efficiency_turn"]) > 0
             assert by[("torch", dt, t)]["status"] == "unsupported"
     assert by[("hina:avx2", "bf16", "1")]["quant_group"] == "" and by[("hina:avx2", "bf16", "1")]["quant_err"] == ""
     # the three dtypes of a T took turns in the same rounds: one cohort per T, and the judge says so

@@ -83,6 +83,7 @@ class _Timed:
         self.probes: list[tuple[float, str]] = []
         self.peaks: list[tuple[float, str]] = []
         self.load: list[float] = []
+        self.turns: list[tuple[list[float], list[float], list[float]]] = []   # (samples, GB/s, GFLOP/s) a turn
         self.active = False
 
 
@@ -157,6 +158,28 @@ def _roofline(row: dict, peak: float, unit: str) -> None:
         from ..machine.probes import gemm_gflops
         row["gemm_gflops"] = gemm_gflops(int(row["threads"]))
         row["pct_gemm"] = row["gflops"] / row["gemm_gflops"]
+
+
+def _turn_efficiency(row: dict, turns: list) -> None:
+    """`efficiency_turn`: each turn's roofline from the probes taken beside its samples (the best of
+    its before / after read, its compute peak, else the row's) over that turn's median sample, the
+    median over the turns. `efficiency` divides one roofline, from the best probe of every turn, by the
+    median of every sample: on a host whose bandwidth drifts between turns it reads the kernel against
+    a rate it was not given in most of them; this one pairs each sample with the memory system's rate
+    of its minute. Both are stored; the targets judge by `efficiency`."""
+    if row.get("status") == "wrong" or not row.get("weight_bytes"):
+        return
+    import statistics
+    effs = []
+    for samples, bws, peaks in turns:
+        if not samples or not bws:
+            continue
+        mem_ms = row["weight_bytes"] / (max(bws) * 1e9) * 1e3
+        pk = max(peaks) if peaks else row.get("peak_gflops")
+        cmp_ms = row["flops"] / (pk * 1e9) * 1e3 if pk else 0.0
+        effs.append(max(mem_ms, cmp_ms) / (statistics.median(samples) * 1e3))
+    if effs:
+        row["efficiency_turn"] = statistics.median(effs)
 
 
 def _has_path(cls, problem: Problem) -> bool:
@@ -244,6 +267,7 @@ def run_cohort(points: list[Point], names: list[str], cfg: RunConfig, store: Res
                 r["load_warning"] = bool(t.load and max(t.load) > LOAD_WARNING_CPUS)
                 r["status"] = r.get("status") or "ok"
                 _roofline(r, peak, unit)
+                _turn_efficiency(r, t.turns)
             if r.get("status") is None:     # a row is never stored without a status
                 r.update(status="failed", reason="no samples were taken")
             r["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -372,6 +396,7 @@ def _rounds(active: list[_Timed], cfg: RunConfig, plan: RoundPlan, counters: dic
                 t.probes += res.probes
                 t.peaks += res.peaks
                 t.load.append(res.other_cpus)
+                t.turns.append((res.samples, [bw for bw, _ in res.probes], [g for g, _ in res.peaks]))
             except Exception as e:
                 _fail_from(t, e)
             if progress is not None:

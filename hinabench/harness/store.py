@@ -37,6 +37,7 @@ COMMON = [
     "weight_bytes", "flops", "read_gbps", "read_gbps_min", "read_probe", "peak_gflops", "peak_unit",
     "peak_gflops_min", "peak_gflops_machine", "denominators_moved", "gemm_gflops", "pct_gemm",
     "roofline_ms", "bound", "gbps", "gflops", "pct_bw", "efficiency",
+    "efficiency_turn",   # each turn's roofline (the probes beside its samples) over its median, median of turns
     # memory and cache policy
     "extra_bytes", "rotation_groups", "allocated_bytes",
     # NUMA: where the weights are (the placement model), and the remote traffic, modeled and counted
@@ -230,7 +231,7 @@ class ResultStore:
         self.appended += 1
 
 
-OPTIONAL_IN_OLD_FILES = {"op", "routing", "batch_tokens", "run_id", "quant_group", "fill", "cohort"}
+OPTIONAL_IN_OLD_FILES = {"op", "routing", "batch_tokens", "run_id", "quant_group", "fill"}
 
 
 def _torn_tail(data: bytes, ncols: int) -> int | None:
@@ -411,7 +412,7 @@ def load_frame(paths, problems: list[str] | None = None, latest: bool = True, so
     frames = [f for f in frames if len(f.columns)]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
     for c in ("tokens_per_expert", "batch_tokens", "experts", "threads", "median_ms", "min_ms", "p10_ms",
-              "p90_ms", "mad_ms", "roofline_ms", "gbps", "pct_bw", "efficiency", "rel_err", "read_gbps",
+              "p90_ms", "mad_ms", "roofline_ms", "gbps", "pct_bw", "efficiency", "efficiency_turn", "rel_err", "read_gbps",
               "weight_bytes", "flops", "rank", "samples", "rounds", "warmup", "prepare_ms", "mean_ms",
               "gflops", "peak_gflops", "load_other_cpus", "remote_fraction_model", "remote_fraction_perf",
               "read_gbps_min", "extra_bytes", "rotation_groups", "allocated_bytes", "out_features",

@@ -117,8 +117,8 @@ def judge(rows: list[dict], backend: str) -> list[Verdict]:
             out.append(Verdict(**base, target="efficiency", want=f">= {bar:.2f}",
                                got="-" if eff is None else f"{eff:.2f}",
                                verdict="n/a" if eff is None else ("pass" if eff >= bar else "fail"),
-                               why=f"{me.get('bound')}-bound roofline {_f(me, 'roofline_ms'):.1f} ms"
-                               if _f(me, "roofline_ms") else ""))
+                               why=_with_turns(me, f"{me.get('bound')}-bound roofline {_f(me, 'roofline_ms'):.1f} ms"
+                                               if _f(me, "roofline_ms") else "")))
         od = by.get("onednn:prepacked")
         if od is None or od.get("status") != "ok":
             out.append(Verdict(**base, target="onednn", want="< onednn:prepacked", got="-", verdict="n/a",
@@ -174,8 +174,8 @@ def judge_avx2(rows: list[dict], backend: str = "hina:avx2") -> list[Verdict]:
             out.append(Verdict(**base, target="efficiency", want=f">= {bar:.2f}",
                                got="-" if eff is None else f"{eff:.2f}",
                                verdict="n/a" if eff is None else ("pass" if eff >= bar else "fail"),
-                               why=f"{me.get('bound')}-bound, peak {_f(me, 'peak_gflops') or 0:.0f} GFLOP/s "
-                                   f"{me.get('peak_unit') or ''}".strip()))
+                               why=_with_turns(me, f"{me.get('bound')}-bound, peak {_f(me, 'peak_gflops') or 0:.0f} "
+                                                   f"GFLOP/s {me.get('peak_unit') or ''}".strip())))
         if T >= 16:
             g, gemm = _f(me, "gflops"), _f(me, "gemm_gflops")
             out.append(Verdict(**base, target="gemm", want=">= 0.85x torch fp32 GEMM",
@@ -212,6 +212,13 @@ def judge_avx2(rows: list[dict], backend: str = "hina:avx2") -> list[Verdict]:
                                    got=f"{t_n:.2f} vs {t_me:.2f} ms", verdict="pass" if ok else "fail"))
     out.sort(key=lambda v: (v.model, v.numa, v.threads, v.T, v.target))
     return out
+
+
+def _with_turns(row: dict, why: str) -> str:
+    """An efficiency verdict's `why`, with the row's turn-paired efficiency where it has one (the
+    verdict itself is on `efficiency`, the conservative one: see runner._turn_efficiency)."""
+    e = _f(row, "efficiency_turn")
+    return why if e is None else f"{why}; {e:.2f} paired turn by turn with its probes"
 
 
 def _side_by_side(a: dict, b: dict) -> str:
@@ -254,8 +261,8 @@ def judge_quant(rows: list[dict], backend: str) -> list[Verdict]:
             eff = _f(me, "efficiency")
             out.append(Verdict(**base, target="int8 efficiency", want=">= 0.85", got="-" if eff is None else f"{eff:.2f}",
                                verdict="n/a" if eff is None else ("pass" if eff >= 0.85 else "fail"),
-                               why=f"{me.get('bound')}-bound roofline {_f(me, 'roofline_ms'):.1f} ms"
-                               if _f(me, "roofline_ms") else ""))
+                               why=_with_turns(me, f"{me.get('bound')}-bound roofline {_f(me, 'roofline_ms'):.1f} ms"
+                                               if _f(me, "roofline_ms") else "")))
         if T == 1:
             bf = d.get(("bf16", backend))
             if not ok(bf):
