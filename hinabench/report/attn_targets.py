@@ -66,6 +66,9 @@ def judge_attention(rows: list[dict], backend: str) -> list[Verdict]:
                    f"{mem_ms:.3f} ms, so at most {mem_ms / cmp_ms:.2f} of the memory roofline is reachable; "
                    f"efficiency vs max(both) = {cmp_ms / t_me if cmp_ms > mem_ms else frac:.2f}"
                    if cmp_ms > mem_ms else "")
+            if _f(me, "efficiency_turn") is not None:   # runner._turn_efficiency: vs max(both), turn by turn
+                why = "; ".join(w for w in (why, f"efficiency vs max(both) paired turn by turn with its probes "
+                                                 f"{_f(me, 'efficiency_turn'):.2f}") if w)
             out.append(Verdict(**base, target="roofline", want=">= 0.85 of KV bytes / read probe",
                                got=f"{where}: {frac:.2f} ({_f(me, 'gbps'):.1f} of {bw:.1f} GB/s)",
                                verdict="pass" if frac >= 0.85 else "fail", why=why))
