@@ -412,7 +412,8 @@ def load_frame(paths, problems: list[str] | None = None, latest: bool = True, so
     frames = [f for f in frames if len(f.columns)]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
     for c in ("tokens_per_expert", "batch_tokens", "experts", "threads", "median_ms", "min_ms", "p10_ms",
-              "p90_ms", "mad_ms", "roofline_ms", "gbps", "pct_bw", "efficiency", "efficiency_turn", "rel_err", "read_gbps",
+              "p90_ms", "mad_ms", "roofline_ms", "gbps", "pct_bw", "efficiency", "efficiency_turn", "rel_err",
+              "read_gbps",
               "weight_bytes", "flops", "rank", "samples", "rounds", "warmup", "prepare_ms", "mean_ms",
               "gflops", "peak_gflops", "load_other_cpus", "remote_fraction_model", "remote_fraction_perf",
               "read_gbps_min", "extra_bytes", "rotation_groups", "allocated_bytes", "out_features",

@@ -120,8 +120,7 @@ SWEEP_SCHEMA = {"models": "names", "tokens": "ints", "op": "name", "experts": "i
                 "context": "ints", "extend": "ints", "block_size": "int", "ragged": "bool", "batch": "ints",
                 "backends": "names", "dtype": "names", "group": "int", "threads": "ints", "repeats": "int",
                 "rounds": "int", "min_time": "float", "warmup": "int", "seed": "int", "numa": "names",
-                "perf": "bool", "wait_quiet": "float",
-                "dtypes_apart": "bool"}
+                "perf": "bool", "wait_quiet": "float", "dtypes_apart": "bool"}
 BOUNDS = {"rounds": (1, None), "repeats": (0, None), "warmup": (0, None), "experts": (1, None),
           "min_time": (1e-9, None), "tokens": (1, None),
           "batch": (1, None), "context": (0, None), "extend": (1, None), "block_size": (1, None), "threads": (1, None), "wait_quiet": (0, None)}
