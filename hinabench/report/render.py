@@ -92,7 +92,8 @@ RESULTS = View([
     ("status", "status", None), ("rank", "rank", None),
     ("median ms", "median_ms", ".3f"), ("± MAD", "mad_ms", ".3f"), ("p10–p90 ms", _spread, None),
     ("GB/s", "gbps", ".1f"), ("probe GB/s", "read_gbps", ".1f"), ("%bw", "pct_bw", ".0%"),
-    ("eff", "efficiency", ".2f"), ("%gemm", "pct_gemm", ".0%"), ("rel_err", "rel_err", ".1e"),
+    ("eff", "efficiency", ".2f"), ("eff/turn", "efficiency_turn", ".2f"), ("%gemm", "pct_gemm", ".0%"),
+    ("rel_err", "rel_err", ".1e"),
 ], title=_result_title, style=_status_style, right=("T", "thr", "rank"))
 
 

@@ -37,10 +37,11 @@ TABLE_COLUMNS = [
     ("median ms", "median_ms", ".3f"), ("± MAD", "mad_ms", ".3f"), ("p10 ms", "p10_ms", ".3f"),
     ("p90 ms", "p90_ms", ".3f"), ("tokens/s", lambda r: _tps(r), ".1f"), ("GB/s", "gbps", ".1f"),
     ("probe GB/s", "read_gbps", ".1f"), ("%bw", "pct_bw", ".0%"), ("eff", "efficiency", ".2f"),
-    ("GFLOP/s", "gflops", ".1f"), ("GEMM GFLOP/s", "gemm_gflops", ".1f"),
+    ("eff/turn", "efficiency_turn", ".2f"), ("GFLOP/s", "gflops", ".1f"), ("GEMM GFLOP/s", "gemm_gflops", ".1f"),
     ("rel_err", "rel_err", ".1e"), ("remote (model)", "remote_fraction_model", ".2f"),
     ("remote (perf)", "remote_fraction_perf", ".2f"), ("perf", "perf_status", None),
-    ("note", "note", None), ("run", "run_id", None), ("timestamp", "timestamp", None),
+    ("note", "note", None), ("run", "run_id", None), ("cohort", "cohort", None),
+    ("timestamp", "timestamp", None),
 ]
 STATUS_ORDER = ("ok", "wrong", "failed", "timeout", "unsupported", "unavailable")
 
