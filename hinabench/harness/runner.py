@@ -16,6 +16,7 @@ import gc
 import itertools
 import os
 import shlex
+import statistics
 import sys
 import time
 import traceback
@@ -141,14 +142,19 @@ def _denominators(row: dict, probes: list, peaks: list, threads: int) -> tuple[f
     return peak, unit
 
 
+def _bound_ms(row: dict, gbps: float, gflops: float | None) -> tuple[float, float]:
+    """(ms to read the row's bytes at `gbps`, ms to do its flops at `gflops`; 0 without a peak)."""
+    mem_ms = row["weight_bytes"] / (gbps * 1e9) * 1e3
+    return mem_ms, row["flops"] / (gflops * 1e9) * 1e3 if gflops else 0.0
+
+
 def _roofline(row: dict, peak: float, unit: str) -> None:
     med = row.get("median_ms")
     bw = row.get("read_gbps")
     row.update(peak_gflops=peak, peak_unit=unit)
     if not med or not bw:
         return
-    mem_ms = row["weight_bytes"] / (bw * 1e9) * 1e3
-    cmp_ms = row["flops"] / (peak * 1e9) * 1e3
+    mem_ms, cmp_ms = _bound_ms(row, bw, peak)
     row.update(roofline_ms=max(mem_ms, cmp_ms), bound="memory" if mem_ms >= cmp_ms else "compute")
     if row.get("status") == "wrong":
         return   # a wrong output's bytes and flops were not the problem's: no rates, no efficiency
@@ -169,14 +175,11 @@ def _turn_efficiency(row: dict, turns: list) -> None:
     of its minute. Both are stored; the targets judge by `efficiency`."""
     if row.get("status") == "wrong" or not row.get("weight_bytes"):
         return
-    import statistics
     effs = []
     for samples, bws, peaks in turns:
         if not samples or not bws:
             continue
-        mem_ms = row["weight_bytes"] / (max(bws) * 1e9) * 1e3
-        pk = max(peaks) if peaks else row.get("peak_gflops")
-        cmp_ms = row["flops"] / (pk * 1e9) * 1e3 if pk else 0.0
+        mem_ms, cmp_ms = _bound_ms(row, max(bws), max(peaks) if peaks else row.get("peak_gflops"))
         effs.append(max(mem_ms, cmp_ms) / (statistics.median(samples) * 1e3))
     if effs:
         row["efficiency_turn"] = statistics.median(effs)
@@ -224,14 +227,15 @@ def run_cohort(points: list[Point], names: list[str], cfg: RunConfig, store: Res
     threads = points[0].threads
     assert all(pt.threads == threads for pt in points), "a cohort has one thread count"
     torch.set_num_threads(threads)
-    states = []
+    todos, kept = [], []   # each point's backends still to do; its data, alive through the rounds
     for pt, data in zip(points, datas or [None] * len(points)):
         todo, data = _setup(pt, names, cfg, skip, progress, data)
-        states.append((pt, todo, data))
-    if not any(todo for _, todo, _ in states):
+        todos.append(todo)
+        kept.append(data)
+    together = [t for todo in todos for t in todo]
+    if not together:
         return []
-    together = [t for _, todo, _ in states for t in todo]
-    if sum(1 for _, todo, _ in states if any(t.active for t in todo)) > 1:
+    if sum(1 for todo in todos if any(t.active for t in todo)) > 1:
         cohort = f"{cfg.run_id}:{next(_COHORTS)}"
         for t in together:
             t.row["cohort"] = cohort
@@ -255,7 +259,7 @@ def run_cohort(points: list[Point], names: list[str], cfg: RunConfig, store: Res
 
     # -- statistics, roofline, storage (ranks within each point)
     out = []
-    for _, todo, _ in states:
+    for todo in todos:
         rows = []
         for t in todo:
             r = t.row
@@ -281,7 +285,7 @@ def run_cohort(points: list[Point], names: list[str], cfg: RunConfig, store: Res
         out += rows
     if progress is not None:   # the turns of backends that never took one
         progress(None, cfg.rounds * sum(1 for t in together if id(t) not in took_turns))
-    del states, together, active
+    del todos, kept, together, active
     gc.collect()
     return out
 
