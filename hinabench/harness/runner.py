@@ -34,7 +34,7 @@ from ..problems import Problem, ProblemData, diagnose, rel_err
 from .points import Point, row_key
 from .store import ResultStore, empty_row, rank_rows
 from ..machine.sysinfo import fingerprint, machine_id, meminfo, summary
-from .stats import summarize, unstable
+from .stats import bound_ms, summarize, unstable
 
 LOAD_WARNING_CPUS = 0.25
 
@@ -142,19 +142,13 @@ def _denominators(row: dict, probes: list, peaks: list, threads: int) -> tuple[f
     return peak, unit
 
 
-def _bound_ms(row: dict, gbps: float, gflops: float | None) -> tuple[float, float]:
-    """(ms to read the row's bytes at `gbps`, ms to do its flops at `gflops`; 0 without a peak)."""
-    mem_ms = row["weight_bytes"] / (gbps * 1e9) * 1e3
-    return mem_ms, row["flops"] / (gflops * 1e9) * 1e3 if gflops else 0.0
-
-
 def _roofline(row: dict, peak: float, unit: str) -> None:
     med = row.get("median_ms")
     bw = row.get("read_gbps")
     row.update(peak_gflops=peak, peak_unit=unit)
     if not med or not bw:
         return
-    mem_ms, cmp_ms = _bound_ms(row, bw, peak)
+    mem_ms, cmp_ms = bound_ms(row, bw, peak)
     row.update(roofline_ms=max(mem_ms, cmp_ms), bound="memory" if mem_ms >= cmp_ms else "compute")
     if row.get("status") == "wrong":
         return   # a wrong output's bytes and flops were not the problem's: no rates, no efficiency
@@ -179,7 +173,7 @@ def _turn_efficiency(row: dict, turns: list) -> None:
     for samples, bws, peaks in turns:
         if not samples or not bws:
             continue
-        mem_ms, cmp_ms = _bound_ms(row, max(bws), max(peaks) if peaks else row.get("peak_gflops"))
+        mem_ms, cmp_ms = bound_ms(row, max(bws), max(peaks) if peaks else row.get("peak_gflops"))
         effs.append(max(mem_ms, cmp_ms) / (statistics.median(samples) * 1e3))
     if effs:
         row["efficiency_turn"] = statistics.median(effs)

@@ -35,3 +35,10 @@ def summarize(samples_s: list[float]) -> dict:
 def unstable(summary: dict, threshold: float = 0.10) -> bool:
     """pyperf's warning: the spread is large against the median."""
     return bool(summary) and summary["mad_ms"] > threshold * summary["median_ms"]
+
+
+def bound_ms(row: dict, gbps: float, gflops: float | None) -> tuple[float, float]:
+    """The roofline's two times: (ms to read the row's bytes at `gbps`, ms to do its flops at `gflops`;
+    0 without a peak)."""
+    mem_ms = row["weight_bytes"] / (gbps * 1e9) * 1e3
+    return mem_ms, row["flops"] / (gflops * 1e9) * 1e3 if gflops else 0.0

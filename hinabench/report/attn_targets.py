@@ -15,6 +15,7 @@ A comparison whose other row is not `ok` (unsupported, wrong, missing) is `n/a` 
 """
 from __future__ import annotations
 
+from ..harness.stats import bound_ms
 from .render import View
 from .targets import Verdict, _f, _style
 
@@ -59,9 +60,8 @@ def judge_attention(rows: list[dict], backend: str) -> list[Verdict]:
 
         if phase == "decode" and B == 1 and l >= 4096 and me.get("model") in ROOFLINE_MODELS:
             bw, pk = _f(me, "read_gbps"), _f(me, "peak_gflops")
-            mem_ms = _f(me, "weight_bytes") / (bw * 1e9) * 1e3
+            mem_ms, cmp_ms = bound_ms(me, bw, pk)
             frac = mem_ms / t_me
-            cmp_ms = _f(me, "flops") / (pk * 1e9) * 1e3 if pk else 0.0
             why = (f"compute-bound here: FLOPs / FMA peak = {cmp_ms:.3f} ms > KV bytes / read probe = "
                    f"{mem_ms:.3f} ms, so at most {mem_ms / cmp_ms:.2f} of the memory roofline is reachable; "
                    f"efficiency vs max(both) = {cmp_ms / t_me if cmp_ms > mem_ms else frac:.2f}"
