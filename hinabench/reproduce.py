@@ -435,7 +435,7 @@ def make_plan(out: Path, quick: bool, only: list[str] | None = None, backends: s
     from .harness import runner
     from .harness.store import ResultStore
     from .harness.suite import plan_sweep
-    from .machine.sysinfo import llc_bytes, meminfo, topology
+    from .machine.sysinfo import check_threads, llc_bytes, meminfo, topology
 
     caps = caps or Capabilities.here()
     known = [f.id for f in PAPER]
@@ -443,10 +443,8 @@ def make_plan(out: Path, quick: bool, only: list[str] | None = None, backends: s
         bad = [o for o in only if o not in known]
         if bad:
             raise UserError(f"unknown figure(s) {bad}; known: {', '.join(known)}")
-    ncpu = len(topology()["usable_cpus"])
-    threads = threads or ncpu
-    if not 1 <= threads <= ncpu:
-        raise UserError(f"--threads must be between 1 and {ncpu} (the CPUs this process may use)")
+    threads = threads or len(topology()["usable_cpus"])
+    check_threads([threads])
     figures = [(f, f.assess(caps)) for f in PAPER if not only or f.id in only]
     suites: dict[str, SuitePlan] = {}
     avail = meminfo().get("MemAvailable", 0)

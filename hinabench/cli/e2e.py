@@ -25,7 +25,7 @@ from . import command_line, ints, names
                    "first (shallowest-depth) layers, in one process, and the in-process engines' per-layer cost comes "
                    "from those pairs (the machine's drift between the depths' processes stays out of it).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Weights' seed (the checkpoint's).")
-@click.option("--threads", default=None, type=click.IntRange(1, 4096), help="Threads (default: torch's).")
+@click.option("--threads", default=None, type=click.IntRange(1, None), help="Threads (default: torch's).")
 @click.option("--mem-gib", default=7.0, show_default=True, type=click.FloatRange(1, 4096),
               help="Memory budget: the fp32 reference runs only when it fits.")
 @click.option("--out", default=None, help="Results file (default: results/<machine>/e2e-<model>-<time>.csv).")
@@ -86,7 +86,9 @@ def e2e(model_names, layers, prompt, gen, batch, engines, prefill, prefill_engin
     from ..e2e.engines import expand
     from ..e2e.run import E2EConfig, run_e2e
     from ..harness.store import ResultStore
-    from ..machine.sysinfo import machine_id
+    from ..machine.sysinfo import check_threads, machine_id
+    if threads:
+        check_threads([threads])
     cfg = E2EConfig(models=models, layers=depths, prompt=prompt, gen=gen, batches=ints(batch, "--batch"),
                     engines=expand(names(engines) or []), prefill=ints(prefill, "--prefill") if prefill else [],
                     prefill_engines=expand(names(prefill_engines) or []), rounds=rounds, paired=paired, seed=seed,

@@ -92,7 +92,11 @@ def _dram_buffer(size_mib):
 
 def _threads(threads):
     from ..machine import sysinfo
-    return ints(threads, "--threads") if threads else sorted({1, len(sysinfo.topology()["usable_cpus"])})
+    if not threads:
+        return sorted({1, len(sysinfo.topology()["usable_cpus"])})
+    ts = ints(threads, "--threads")
+    sysinfo.check_threads(ts)
+    return ts
 
 
 @click.command()

@@ -226,13 +226,11 @@ def default_out(name: str, models: list[str]) -> Path:
 def plan_sweep(sweep: Sweep) -> tuple[list[Point], list[str]]:
     """The points and backends of `sweep` on this machine (threads default to its usable CPUs),
     validated before anything is measured."""
-    from ..machine.sysinfo import topology
+    from ..machine.sysinfo import check_threads, topology
     from ..numa.placement import parse_policy
 
-    ncpu = len(topology()["usable_cpus"])
-    threads = sweep.threads or [ncpu]
-    if any(t < 1 or t > ncpu for t in threads):
-        raise UserError(f"--threads must be between 1 and {ncpu} (the CPUs this process may use)")
+    threads = sweep.threads or [len(topology()["usable_cpus"])]
+    check_threads(threads)
     for pol in sweep.numa or ["default"]:
         parse_policy(pol)
     points = sweep.points(threads)

@@ -70,6 +70,15 @@ def topology() -> dict:
             "usable_cpus": cpus}
 
 
+def check_threads(threads, flag: str = "--threads") -> None:
+    """A user error unless every thread count is between 1 and the CPUs this process may use (more would
+    oversubscribe the cores and time the scheduler)."""
+    ncpu = len(topology()["usable_cpus"])
+    if any(t < 1 or t > ncpu for t in threads):
+        from ..errors import UserError
+        raise UserError(f"{flag} must be between 1 and {ncpu} (the CPUs this process may use)")
+
+
 def numa_nodes() -> list[dict]:
     nodes = []
     for d in sorted(glob.glob("/sys/devices/system/node/node[0-9]*"),
