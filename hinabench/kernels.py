@@ -154,10 +154,11 @@ def resolve_isa(isa: str = "auto") -> str:
 
 
 @functools.lru_cache(maxsize=None)  # the CPU does not change under a running process
-def _resolve(isa: str) -> str:
+def _resolve(isa: str, built: tuple[str, ...] | None = None) -> str:
+    """The ISA `isa` names here ("auto": the best that runs, among `built` where given), or IsaUnavailable."""
     if isa == "auto":
         for cand in ISAS_REAL:
-            if isa_status(cand)[0]:
+            if (built is None or cand in built) and isa_status(cand)[0]:
                 return cand
         return "scalar"
     isa = isa_variant(isa)

@@ -31,7 +31,7 @@ import os
 
 import torch
 
-from .kernels import ISAS_REAL, IsaUnavailable, _module, _threads, isa_status, isa_variant
+from .kernels import IsaUnavailable, _module, _resolve, _threads
 
 HEAD_DIM_MULTIPLE = 16
 HEAD_DIM_MAX = 256
@@ -51,16 +51,7 @@ def resolve_attention_isa(isa: str = "auto") -> str:
 
 @functools.lru_cache(maxsize=None)   # the CPU and the built modules do not change under a running process
 def _resolve_attention(isa: str) -> str:
-    if isa == "auto":
-        built = set(_module("scalar").attention_isas())
-        for cand in ISAS_REAL:
-            if cand in built and isa_status(cand)[0]:
-                return cand
-        return "scalar"
-    isa = isa_variant(isa)
-    ok, why = isa_status(isa)
-    if not ok:
-        raise IsaUnavailable(f"isa '{isa}' cannot run here: {why}")
+    isa = _resolve(isa, tuple(_module("scalar").attention_isas()))
     if isa not in _module(isa).attention_isas():
         raise IsaUnavailable(f"isa '{isa}' has no attention micro-kernel yet (built: "
                              f"{', '.join(_module(isa).attention_isas())})")
