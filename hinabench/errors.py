@@ -21,3 +21,14 @@ class UserError(_Base):
 
     def __str__(self) -> str:
         return self.message
+
+
+def writable_folder(path, what: str = "--out"):
+    """`path` as a folder that exists (made with its parents), or a UserError naming `what` and why not."""
+    from pathlib import Path
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{what} {out} cannot be written: {e.strerror or e}") from None
+    return out

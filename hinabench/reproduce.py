@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UserError
+from .errors import UserError, writable_folder
 
 MEASURED, MODELED, NOT_HERE = "measured here", "modeled here", "not reproducible here"
 
@@ -572,7 +572,7 @@ def load_state(out: Path) -> dict:
 
 
 def save_state(out: Path, state: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    writable_folder(out)
     tmp = out / (STATE + ".tmp")
     tmp.write_text(json.dumps(state, indent=2, default=str))
     tmp.replace(out / STATE)

@@ -1,6 +1,7 @@
 """The harness end to end through click's CliRunner: storage, resume, error paths, sysinfo."""
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from hinabench.problems import FFNProblem
 
 from clihelp import FAST, invoke
 from clihelp import read_csv as read_rows
+
+STORED_FIG11 = Path(__file__).resolve().parents[1] / "results" / "amd-f25m1-2t-1n" / "fig11-i.csv"   # committed rows
 
 
 def test_ffn_writes_validated_rows_with_roofline(tmp_results):
@@ -104,6 +107,17 @@ def test_user_errors_are_one_line_without_traceback(args, msg):
     assert msg in r.output
     assert "Traceback" not in r.output
     assert r.output.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("args", [
+    ["figure", "fig11", str(STORED_FIG11), "--out", "/proc/hinabench-out"],
+    ["report", str(STORED_FIG11), "--out", "/proc/hinabench-out"],
+    ["reproduce", "--plan-only", "--only", "fig11", "--out", "/proc/hinabench-out"],
+])
+def test_an_output_folder_that_cannot_be_made_is_a_user_error(args):
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2, r.output
+    assert "--out /proc/hinabench-out cannot be written" in r.output and "Traceback" not in r.output
 
 
 def test_more_memory_than_available_is_refused_before_allocating(monkeypatch, tmp_results):

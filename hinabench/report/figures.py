@@ -21,7 +21,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, writable_folder
 from ..harness.store import load_frame
 
 
@@ -54,8 +54,7 @@ def _short(reason: str, n: int = 110) -> str:
 def _save(fig, name: str, results: list[str], out_dir: str | None, caption: str, df) -> list[Path]:
     """The PNG, and beside it the caption and the commands that made the figure and its rows."""
     import matplotlib.pyplot as plt
-    out = Path(out_dir) if out_dir else _beside(results)
-    out.mkdir(parents=True, exist_ok=True)
+    out = writable_folder(Path(out_dir) if out_dir else _beside(results))
     png = out / f"{name}.png"
     fig.savefig(png, dpi=130)
     plt.close(fig)

@@ -23,7 +23,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, writable_folder
 
 GENERATOR = "hinabench report"
 ALL = "all machines"
@@ -264,7 +264,7 @@ def build(results: list[str], out_dir: str | Path, all_runs: bool = False, comma
     index = out / "index.html"
     if (out / "img").is_dir() and (not index.exists() or GENERATOR in index.read_text(errors="replace")):
         shutil.rmtree(out / "img")      # our own figures of an earlier report: drawn anew
-    out.mkdir(parents=True, exist_ok=True)
+    writable_folder(out)
 
     machines = list(dict.fromkeys(_machine_of(df)))
     drawn: dict[str, list[Drawn]] = {}
