@@ -27,6 +27,8 @@ def writable_folder(path, what: str = "--out"):
     """`path` as a folder that exists (made with its parents), or a UserError naming `what` and why not."""
     from pathlib import Path
     out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{what} {out} is a file, not a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

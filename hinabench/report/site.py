@@ -258,13 +258,10 @@ def build(results: list[str], out_dir: str | Path, all_runs: bool = False, comma
     shown = df if not all_runs else load_frame(results, [], latest=False, source=True)
     if df.empty:
         raise UserError("no stored rows in the results given")
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file, not a folder")
+    out = writable_folder(out_dir)
     index = out / "index.html"
     if (out / "img").is_dir() and (not index.exists() or GENERATOR in index.read_text(errors="replace")):
         shutil.rmtree(out / "img")      # our own figures of an earlier report: drawn anew
-    writable_folder(out)
 
     machines = list(dict.fromkeys(_machine_of(df)))
     drawn: dict[str, list[Drawn]] = {}
