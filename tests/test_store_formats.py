@@ -38,7 +38,7 @@ def test_a_file_that_is_not_results_is_refused(tmp_path):
         path = tmp_path / "other.csv"
         path.write_text(text)
         r = invoke("ffn", *FAST, "--tokens", "1", "--out", str(path), "--resume")
-        assert r.exit_code == 2 and "is not a ffn results file" in r.output
+        assert r.exit_code == 2 and "is not a results file of ffn rows" in r.output
         assert path.read_text() == text                    # never appended to
         s = invoke("show", str(path))
         assert s.exit_code == 2 and "is not a results file" in s.output

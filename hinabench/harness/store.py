@@ -142,7 +142,7 @@ class ResultStore:
         if extra or not cols or needed - set(cols):
             what = "garbage or another CSV" if "backend" not in cols or "status" not in cols else \
                 f"another schema (missing {sorted(needed - set(cols))[:4] or missing[:4]}, unknown {extra[:4]})"
-            raise UserError(f"{self.path} is not a {self.op} results file ({what}); nothing was appended: "
+            raise UserError(f"{self.path} is not a results file of {self.op} rows ({what}); nothing was appended: "
                             f"write to a new file")
         self.file_columns = cols
         if missing:
