@@ -87,6 +87,7 @@ def test_json_output(tmp_results):
     (["ffn", "--backends", "nope"], "unknown backend 'nope'"),
     (["ffn", "--dtype", "fp64"], "unknown dtype 'fp64'"),
     (["ffn", "--threads", "999"], "--threads must be between 1 and"),
+    (["ffn", "--group", "64", "--dtype", "bf16,fp8"], "group (--group) sets int8's scale groups, and this sweep has no int8"),
     (["bandwidth", "--threads", "0"], "--threads must be between 1 and"),
     (["peak", "--threads", "1,999"], "--threads must be between 1 and"),
     (["overlap", "--threads", "999"], "--threads must be between 1 and"),

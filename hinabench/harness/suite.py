@@ -99,6 +99,11 @@ class Sweep:
         if not self.models:
             raise UserError("give at least one model")
         get_kind(self.op)
+        if self.group is not None:
+            from ..dtypes import get_dtype
+            if "int8" not in {get_dtype(d).name for d in self.dtypes}:
+                raise UserError(f"group (--group) sets int8's scale groups, and this sweep has no int8 (dtype "
+                                f"{', '.join(self.dtypes)}): add int8 to the dtypes, or leave the group out")
         out = []
         for m in self.models:
             model = get_model(m)
