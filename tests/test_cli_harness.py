@@ -44,7 +44,8 @@ def test_show_prints_stored_rows_filtered_in_every_format(tmp_results):
     md = invoke("show", str(tmp_results), "--tokens", "2", "--backends", "torch", "--format", "markdown")
     assert md.exit_code == 0, md.output
     lines = md.output.splitlines()
-    assert lines[0].startswith("| backend | T | thr |") and lines[2].startswith("| torch | 2 | 1 | ok | 1 |")
+    assert lines[0].startswith("**") and lines[0].endswith("**") and lines[1] == ""   # each table under its title
+    assert lines[2].startswith("| backend | T | thr |") and lines[4].startswith("| torch | 2 | 1 | ok | 1 |")
     assert len([ln for ln in lines if ln.startswith("| torch")]) == 1
     assert any(ln.startswith("Machine: ") for ln in lines)
     assert any(ln.startswith("Made by: `hinabench ffn") for ln in lines)

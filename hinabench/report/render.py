@@ -122,12 +122,17 @@ def plain_view(rows: list[dict]) -> View:
 
 
 # ---- the renderers ---------------------------------------------------------------------------------
-def _table(rows, view, notes, console):
-    from rich.table import Table
+def _groups(rows, view) -> dict:
+    """The rows by their table's title (one untitled table where the view has no titles), in order."""
     groups: dict = {}
     for r in rows:
         groups.setdefault(view.title(r) if view.title else "", []).append(r)
-    for title, group in groups.items():
+    return groups
+
+
+def _table(rows, view, notes, console):
+    from rich.table import Table
+    for title, group in _groups(rows, view).items():
         t = Table(title=title or None, show_lines=False)
         for name, _, fmt in view.columns:
             t.add_column(name, justify="right" if fmt or name in view.right else "left", overflow="fold")
@@ -139,9 +144,16 @@ def _table(rows, view, notes, console):
 
 
 def _markdown_text(rows, view, notes) -> str:
+    """A table per title, as the rich tables are cut (model, dtype, shape): each under its title in bold."""
     head = view.headers()
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(view.cells(r)) + " |" for r in rows]
+    lines: list[str] = []
+    for title, group in _groups(rows, view).items():
+        if lines:
+            lines.append("")
+        if title:
+            lines += [f"**{title}**", ""]
+        lines += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+        lines += ["| " + " | ".join(view.cells(r)) + " |" for r in group]
     if notes:
         lines += [""] + list(notes)
     return "\n".join(lines)
