@@ -79,7 +79,7 @@ def test_cli_auto_picks_the_best_isa_and_reports_counts(tmp_path):
     js = json.loads(CliRunner().invoke(cli, ["targets", str(f), "--backend", "hina:avx2", "--format", "json"]).output)
     assert {v["target"] for v in js} == {"efficiency", "numa", "peers"}     # the AVX2 path's own set
     bad = CliRunner().invoke(cli, ["targets", str(f), "--backend", "hina:nope"])
-    assert bad.exit_code == 2 and "no row of hina:nope" in bad.output
+    assert bad.exit_code == 2 and "no bf16 row of hina:nope" in bad.output
 
 
 def test_the_avx2_paths_own_targets():

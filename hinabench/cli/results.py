@@ -111,7 +111,9 @@ def targets(results, backend, models, threads, quant, fmt):
             raise UserError("no ok row of hina:amx, hina:avx512 or hina:avx2 in those results")
     verdicts = judge_quant(rows, backend) if quant else judge([r for r in rows if r.get("dtype") in (None, "", "bf16")], backend)
     if not verdicts:
-        raise UserError(f"no row of {backend} in those results")
+        picked = [f"{flag} {v}" for flag, v in (("--model", models), ("--threads", threads)) if v]
+        raise UserError(f"no {'int8 or fp8' if quant else 'bf16'} row of {backend} in those results"
+                        + (f" with {', '.join(picked)}" if picked else ""))
     emit_verdicts(verdicts, rows, backend, fmt, VIEW)
 
 
