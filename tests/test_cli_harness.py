@@ -122,6 +122,18 @@ def test_an_output_folder_that_cannot_be_made_is_a_user_error(args):
     assert "--out /proc/hinabench-out cannot be written" in r.output and "Traceback" not in r.output
 
 
+def test_a_results_file_has_one_writer_at_a_time(tmp_results):
+    # another run holds the file (a resume started while the first run still measures)
+    first = ResultStore(tmp_results, op="ffn")
+    first.open_for_append()
+    r = CliRunner().invoke(cli, ["ffn", *FAST, "--tokens", "1", "--out", str(tmp_results)])
+    assert r.exit_code == 2, r.output
+    assert "is being written by another hinabench run (pid " in r.output and "Traceback" not in r.output
+    first.close()
+    assert invoke("ffn", *FAST, "--tokens", "1", "--out", str(tmp_results)).exit_code == 0
+    assert invoke("ffn", *FAST, "--tokens", "1", "--out", str(tmp_results), "--resume").exit_code == 0  # released
+
+
 def test_more_memory_than_available_is_refused_before_allocating(monkeypatch, tmp_results):
     import hinabench.harness.runner as runner
     monkeypatch.setattr(runner, "meminfo", lambda: {"MemAvailable": 100 << 20})

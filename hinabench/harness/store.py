@@ -7,10 +7,14 @@ hinabench/report/render.py's job; this module only stores, reads, selects and ra
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
 import os
+import sys
+import tempfile
+import weakref
 from pathlib import Path
 
 from ..errors import UserError
@@ -85,6 +89,7 @@ class ResultStore:
         self.file_columns: list[str] | None = None   # the header of an existing file we append to
         self.repaired: str = ""                       # what open_for_append repaired, in words
         self.appended = 0                             # rows this process appended
+        self._lock = None                             # the writer's lock (open_for_append .. close)
 
     def check_writable(self) -> None:
         try:
@@ -106,8 +111,10 @@ class ResultStore:
                 raise UserError("writing .parquet needs pyarrow (pip install pyarrow), or use a .csv path") from None
 
     def open_for_append(self) -> None:
-        """Check an existing file's schema and repair a torn last row before any row is appended."""
+        """Take the file's writer lock, check an existing file's schema and repair a torn last row
+        before any row is appended."""
         self.check_writable()
+        self._take_lock()
         if not self.path.exists() or self.path.stat().st_size == 0:
             return
         if self.kind == "parquet":
@@ -130,6 +137,45 @@ class ResultStore:
                 os.fsync(f.fileno())
             self.repaired = (f"{self.path}: the last row was torn (an interrupted write); it was removed "
                              f"and its point is measured again")
+
+    def _take_lock(self) -> None:
+        """One writer a results file: a second run appending to it (a resume while the first still runs)
+        would measure the same points beside it, on the same cores, and could cut its half-written last
+        row as torn. The lock is an flock on a file named after this path in the temporary folder (not
+        beside the results, which are committed); the kernel drops it when the process ends. Where no
+        lock file can be made, the run goes on without one."""
+        if self._lock is not None:
+            return
+        import fcntl
+        key = hashlib.sha1(str(self.path.resolve()).encode()).hexdigest()[:24]
+        folder = Path(tempfile.gettempdir()) / "hinabench-locks"
+        try:
+            folder.mkdir(exist_ok=True)
+            if folder.stat().st_uid == os.getuid():
+                folder.chmod(0o1777)   # every user's runs lock here (sticky: each removes only its own)
+            f = open(folder / f"{key}.lock", "a+")
+        except OSError:
+            return
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            who = f.read().strip() or "another process"
+            f.close()
+            raise UserError(f"{self.path} is being written by another hinabench run ({who[:200]}): wait for it "
+                            f"to end, or write to another file") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}: {' '.join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))}")
+        f.flush()
+        self._lock = f
+        weakref.finalize(self, f.close)
+
+    def close(self) -> None:
+        """Give up the writer's lock (also when the store is dropped, or the process ends)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def _check_header(self, cols: list[str]) -> None:
         """A results file of this kind, possibly written by an older hinabench (fewer columns), is

@@ -296,6 +296,7 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
     if resume and names and all(pt.key(n) in skip for pt in points for n in names):
         click.echo(f"hinabench: nothing to do: all {len(points) * len(names)} row(s) of this sweep are "
                    f"already in {store.path}", err=True)
+        store.close()
         return []
     cfg = run_config(sweep, command)
     quiet = fmt != "table"
@@ -337,6 +338,7 @@ def run_sweep(sweep: Sweep, out: str | None, resume: bool, fmt: str, name: str,
     finally:
         if progress is not None:
             progress.stop()
+        store.close()
     if quiet:
         emit(rows, fmt)
         return rows
