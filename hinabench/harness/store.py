@@ -89,7 +89,7 @@ class ResultStore:
         self.file_columns: list[str] | None = None   # the header of an existing file we append to
         self.repaired: str = ""                       # what open_for_append repaired, in words
         self.appended = 0                             # rows this process appended
-        self._lock = None                             # the writer's lock (open_for_append .. close)
+        self._unlock = None                           # gives up the writer's lock (open_for_append .. close)
 
     def check_writable(self) -> None:
         try:
@@ -144,7 +144,7 @@ class ResultStore:
         row as torn. The lock is an flock on a file named after this path in the temporary folder (not
         beside the results, which are committed); the kernel drops it when the process ends. Where no
         lock file can be made, the run goes on without one."""
-        if self._lock is not None:
+        if self._unlock is not None:
             return
         import fcntl
         key = hashlib.sha1(str(self.path.resolve()).encode()).hexdigest()[:24]
@@ -168,14 +168,13 @@ class ResultStore:
         f.truncate()
         f.write(f"pid {os.getpid()}: {' '.join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))}")
         f.flush()
-        self._lock = f
-        weakref.finalize(self, f.close)
+        self._unlock = weakref.finalize(self, f.close)   # once: by close(), or when the store is dropped
 
     def close(self) -> None:
         """Give up the writer's lock (also when the store is dropped, or the process ends)."""
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
+        if self._unlock is not None:
+            self._unlock()
+            self._unlock = None
 
     def _check_header(self, cols: list[str]) -> None:
         """A results file of this kind, possibly written by an older hinabench (fewer columns), is
